@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * uvm_pt_pack: packing pool for nvidia-uvm GPU page tables kept in CPU memory.
+ *
+ * Part of spark-memsaver. This header and uvm_pt_pack.c are identical for every
+ * NVIDIA driver branch. They use only Linux kernel APIs; nothing here includes a
+ * UVM header. The per-branch hunks in uvm_mmu.c / uvm_mmu.h adapt UVM's types to
+ * this interface.
+ *
+ * What it does: a GPU page table of 256 B or 4096 B normally costs one whole CPU
+ * page (64 KiB on a 64 KiB kernel). The pool hands out table-sized slots of shared
+ * backing pages instead. A backing page is one full PAGE_SIZE page obtained and
+ * returned through the caller's callbacks, which wrap NVIDIA's own full-page path
+ * (alloc_pages + DMA map), so memcg accounting, DMA mapping, physical TLB
+ * invalidation and mapped_cpu_pages_size accounting all stay NVIDIA's.
+ *
+ * Tiers (module parameter uvm_pt_pack, read when a tree is initialised):
+ *   0 OFF : every table takes NVIDIA's path.
+ *   1 4K  : default. 4096 B tables and 256 B tables each in a 4 KiB-aligned
+ *           slot (16 per 64 KiB page): parity with a stock 4 KiB kernel.
+ *   2 256 : opt-in, not validated on hardware. 256 B tables at 256 B
+ *           granularity (256 per 64 KiB page); 4096 B tables in 4 KiB slots.
+ * The root table (depth 0) is never packed: RM takes its page directly.
+ *
+ * Lifetime and locking contract for the hooks (one pool per page tree):
+ *   - A zero-filled struct uvm_pt_pack_pool is a valid, inactive pool (so the
+ *     memset(tree, 0) at the top of uvm_page_tree_init() is enough before
+ *     uvm_pt_pack_tree_init() runs). Inactive pools pass every call through.
+ *   - uvm_pt_pack_tree_init(): once per tree, no allocation, cannot fail.
+ *   - uvm_pt_pack_alloc(): called WITHOUT tree->lock, possibly concurrently.
+ *     It may call ops->get() (which may sleep, allocate, DMA-map and push GPU
+ *     work); it never calls ops->put().
+ *   - uvm_pt_pack_free(): called WITH tree->lock held, after the tree tracker
+ *     wait (the slot is GPU-idle). It may call ops->put() for a backing page
+ *     that became empty (still under tree->lock, as NVIDIA's free path is).
+ *   - uvm_pt_pack_tree_deinit(): after the last table (and the root) is freed;
+ *     warns if the pool is not empty.
+ *   - The pool records its descriptor in page->private of each backing page
+ *     (pages fresh from alloc_pages() have private == 0; the pool clears it
+ *     before ops->put()). Hooks must not use page->private of these pages.
+ *   - pool->lock is a leaf spinlock ordered after tree->lock. The pool never
+ *     allocates, DMA-maps, calls a callback or waits while holding it.
+ */
+#ifndef _UVM_PT_PACK_H
+#define _UVM_PT_PACK_H
+
+#include <linux/types.h>
+#include <linux/list.h>
+#include <linux/spinlock.h>
+
+struct page;
+
+#define UVM_PT_PACK_FORMAT   1                  /* counters text format */
+#define UVM_PT_PACK_ID       "uvm-pt-pack/1"    /* MODULE_INFO(spark_memsaver, ...) */
+
+enum uvm_pt_pack_tier {
+	UVM_PT_PACK_TIER_OFF = 0,
+	UVM_PT_PACK_TIER_4K  = 1,
+	UVM_PT_PACK_TIER_256 = 2,
+};
+
+/* Why a tree is (not) packed. Stable short tokens: uvm_pt_pack_reason_str(). */
+enum uvm_pt_pack_reason {
+	UVM_PT_PACK_OK = 0,           /* "none"          packed */
+	UVM_PT_PACK_R_DISABLED,       /* "disabled"      tier is OFF */
+	UVM_PT_PACK_R_BAD_TIER,       /* "bad_tier"      tier value unknown */
+	UVM_PT_PACK_R_NO_PCI_DEV,     /* "no_pci_dev"    fake GPU (unit tests) */
+	UVM_PT_PACK_R_HAS_VIDMEM,     /* "has_vidmem"    mem_info.size != 0 */
+	UVM_PT_PACK_R_NOT_INTEGRATED, /* "not_integrated" is_integrated_gpu false */
+	UVM_PT_PACK_R_NOT_SYSMEM,     /* "not_sysmem"    tree location is not SYS */
+	UVM_PT_PACK_R_NOT_COHERENT,   /* "not_coherent"  !dev_is_dma_coherent() */
+	UVM_PT_PACK_R_PAGE_SIZE,      /* "page_size"     tier saves nothing at PAGE_SIZE */
+	UVM_PT_PACK_R_NR
+};
+
+/* Facts the hook gathers once per tree (in uvm_page_tree_init()). */
+struct uvm_pt_pack_facts {
+	int tier;               /* requested tier: pass uvm_pt_pack_requested_tier() */
+	bool has_pci_dev;       /* gpu->parent->pci_dev != NULL */
+	bool no_vidmem;         /* gpu->mem_info.size == 0 */
+	int integrated;         /* 1: is_integrated_gpu, 0: not, -1: branch has no such field */
+	bool sysmem_tree;       /* tree->location == UVM_APERTURE_SYS */
+	bool dma_coherent;      /* dev_is_dma_coherent(&pci_dev->dev); false if no pci_dev */
+	unsigned long page_size;/* PAGE_SIZE */
+};
+
+/*
+ * Backing-page callbacks. ctx is the hook's cookie (the uvm_page_tree_t *).
+ * get: obtain one zeroed, DMA-mapped page of exactly PAGE_SIZE bytes through
+ *      NVIDIA's path; return 0 and fill *page and *gpu_addr (GPU/DMA address of
+ *      the page start, PAGE_SIZE aligned), or a negative errno. Called without
+ *      any pool lock; may sleep.
+ * put: unmap and free a page previously returned by get. Called with tree->lock
+ *      held (free path), never with the pool lock held.
+ */
+struct uvm_pt_pack_ops {
+	int  (*get)(void *ctx, struct page **page, u64 *gpu_addr);
+	void (*put)(void *ctx, struct page *page, u64 gpu_addr);
+};
+
+/* Size classes. */
+enum {
+	UVM_PT_PACK_C256 = 0,  /* 256 B tables (64K-page PTE tables, depth 5) */
+	UVM_PT_PACK_C4096,     /* 4096 B tables (directories depth 1-4, 4K-page PTE tables) */
+	UVM_PT_PACK_NR_CLASSES
+};
+
+struct uvm_pt_pack_class {
+	struct list_head partial;   /* backing pages with at least one free slot */
+	struct list_head full;      /* backing pages with no free slot */
+	unsigned int slot_size;     /* bytes per slot (alignment of every table) */
+	unsigned int slots_per_page;
+	unsigned long tables;       /* live tables in this class */
+	unsigned long pages;        /* backing pages held by this class */
+};
+
+/* Per-tree pool; embed it in uvm_page_tree_t. Fields are private to uvm_pt_pack.c. */
+struct uvm_pt_pack_pool {
+	spinlock_t lock;
+	int tier;                   /* UVM_PT_PACK_TIER_OFF => inactive */
+	const struct uvm_pt_pack_ops *ops;
+	void *ctx;
+	struct uvm_pt_pack_class cls[UVM_PT_PACK_NR_CLASSES];
+};
+
+/* Return value of uvm_pt_pack_alloc() when the table must take NVIDIA's path. */
+#define UVM_PT_PACK_NOT_PACKED 1
+
+/* The module parameter uvm_pt_pack, clamped to a known tier (unknown => OFF). */
+int uvm_pt_pack_requested_tier(void);
+
+/* Pure predicate: every condition required; no side effects. */
+enum uvm_pt_pack_reason uvm_pt_pack_check(const struct uvm_pt_pack_facts *facts);
+
+/* Stable short token for a reason ("none", "no_pci_dev", ...). */
+const char *uvm_pt_pack_reason_str(enum uvm_pt_pack_reason reason);
+
+/*
+ * Set up the pool of one tree: evaluates uvm_pt_pack_check(facts), updates the
+ * trees_packed / trees_unpacked / unpacked_reason counters and activates the
+ * pool when the predicate holds. Never allocates; returns the reason.
+ */
+enum uvm_pt_pack_reason uvm_pt_pack_tree_init(struct uvm_pt_pack_pool *pool,
+					      const struct uvm_pt_pack_facts *facts,
+					      const struct uvm_pt_pack_ops *ops,
+					      void *ctx);
+
+/* True when the pool packs tables (predicates matched at tree init). */
+bool uvm_pt_pack_active(const struct uvm_pt_pack_pool *pool);
+
+/*
+ * Allocate a table of `size` bytes at `depth` (0 = root).
+ * Returns 0 and fills *page (the backing page) and *gpu_addr (backing page
+ * address + slot offset; aligned to the class slot size; the slot is zeroed);
+ * or UVM_PT_PACK_NOT_PACKED: pool inactive, depth 0, or a size the tier does
+ * not pack -> take NVIDIA's path; or a negative errno from ops->get / -ENOMEM.
+ * Called without tree->lock.
+ */
+int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 size,
+		      struct page **page, u64 *gpu_addr);
+
+/*
+ * Free a table. Returns true if it was a packed table (now released), false if
+ * it is not one of this pool's (the caller takes NVIDIA's path). Called with
+ * tree->lock held after the tracker wait. May call ops->put().
+ */
+bool uvm_pt_pack_free(struct uvm_pt_pack_pool *pool, struct page *page, u64 gpu_addr,
+		      u64 size);
+
+/* True if the pool holds no table and no backing page. */
+bool uvm_pt_pack_pool_empty(const struct uvm_pt_pack_pool *pool);
+
+/* Tear down at the end of uvm_page_tree_deinit(); WARNs if not empty. */
+void uvm_pt_pack_tree_deinit(struct uvm_pt_pack_pool *pool);
+
+#endif /* _UVM_PT_PACK_H */
