@@ -1,0 +1,172 @@
+"""spark-memsaver: the command-line interface (click).
+
+Exit codes: 0 ok/consistent; 1 a problem was found or the operation was refused; 2 bad usage, bad config or
+inspection impossible; 3 the operation failed midway; 4 not applicable (validate: no CUDA/GPU).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+
+import click
+
+from . import __version__
+from .errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError
+
+# Modules that add commands: each defines register(group). Listed here so `spark-memsaver --help` is complete.
+COMMAND_MODULES = ("uvm_patch", "dkms", "mok", "lifecycle", "validate", "client")
+
+
+class Context:
+    def __init__(self, root: str, config_path: str | None, debug: bool):
+        self.root = root
+        self.config_path = config_path
+        self.debug = debug
+        self._config = None
+        self._host = None
+
+    @property
+    def config(self):
+        if self._config is None:
+            from . import config as cfg
+            self._config = cfg.load(self.config_path, root=self.root)
+        return self._config
+
+    @property
+    def host(self):
+        if self._host is None:
+            from .host import Host
+            self._host = Host(self.root)
+        return self._host
+
+
+def _wants_json() -> bool:
+    return "--json" in sys.argv[1:]
+
+
+def emit_error(err: MemsaverError) -> None:
+    if _wants_json():
+        click.echo(json.dumps({"error": err.to_dict()}, indent=2))
+    else:
+        click.echo(f"error[{err.code}]: {err.message}", err=True)
+        if err.remedy:
+            click.echo(f"remedy: {err.remedy}", err=True)
+
+
+class SafeGroup(click.Group):
+    """Named errors become messages and exit codes; nothing reaches the user as a traceback."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+            sys.exit(rv if isinstance(rv, int) else 0)
+        except MemsaverError as e:
+            emit_error(e)
+            sys.exit(e.exit_code)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(EXIT_USAGE)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(EXIT_PROBLEM)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_FAILED)
+        except BrokenPipeError:
+            sys.exit(0)
+        except Exception as e:  # a bug: say so plainly, keep the traceback for --debug
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                raise
+            err = MemsaverError(f"internal error: {type(e).__name__}: {e}",
+                                remedy="Re-run with --debug and report the output as a bug.")
+            err.code = "internal-error"
+            emit_error(err)
+            sys.exit(EXIT_FAILED)
+
+
+@click.group(cls=SafeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False),
+              help="Inspect the system under this root prefix (image, container root, fixture).")
+@click.option("--config", "config_path", envvar="SPARK_MEMSAVER_CONFIG", default=None,
+              help="Config file [default: /etc/spark-memsaver/config.yaml].")
+@click.option("--debug", is_flag=True, help="Log every command run and keep tracebacks.")
+@click.version_option(__version__, prog_name="spark-memsaver")
+@click.pass_context
+def cli(ctx, root, config_path, debug):
+    """Pack nvidia-uvm GPU page tables on 64 KiB-page kernels, safely (DGX Spark / GB10)."""
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    ctx.obj = Context(root, config_path, debug)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document (schema 1).")
+@click.option("--direct", is_flag=True, help="Inspect directly even when spark-memsaverd runs.")
+@click.pass_obj
+def status(obj: Context, as_json: bool, direct: bool):
+    """Show what is installed, selected, loaded and saved, and what to do about it.
+
+    Exit status: 0 consistent, 1 a problem was found, 2 inspection impossible or bad usage.
+    """
+    config = obj.config  # validate the config first: a bad file is exit 2
+    doc = None
+    if not direct and obj.root == "/":
+        try:
+            from . import client
+            doc = client.get_status()
+        except ImportError:
+            doc = None
+    if doc is None:
+        from .report import status as run_status
+        doc, _ = run_status(obj.host, config)
+        doc["source"] = "direct"
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        from .report import render_text
+        click.echo(render_text(doc))
+        click.echo(f"\n(source: {'spark-memsaverd' if doc.get('source') == 'daemon' else 'direct inspection'})")
+    problem = any(f["severity"] in ("warning", "error") for f in doc["findings"])
+    return EXIT_PROBLEM if problem else 0
+
+
+@cli.group()
+def config():
+    """Inspect the configuration."""
+
+
+@config.command("show")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def config_show(obj: Context, as_json: bool):
+    """Print the effective configuration (defaults merged with the file)."""
+    d = obj.config.to_dict()
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+    else:
+        for k, v in d.items():
+            click.echo(f"{k + ':':<22}{v}")
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(f"{__package__}.{name}") is None:
+            continue
+        mod = importlib.import_module(f"{__package__}.{name}")
+        reg = getattr(mod, "register", None)
+        if reg is not None:
+            reg(cli)
+
+
+_register_all()
+
+
+def main() -> None:
+    cli.main(prog_name="spark-memsaver")

@@ -1,0 +1,105 @@
+"""Configuration: defaults in code, an optional YAML file that overrides them.
+
+A missing file at the default location means "all defaults". A file named explicitly (``--config`` or
+``SPARK_MEMSAVER_CONFIG``) must exist. Anything unreadable, non-YAML or wrongly typed is a ConfigError
+naming the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from .errors import ConfigError
+
+DEFAULT_PATH = "/etc/spark-memsaver/config.yaml"
+ENV_VAR = "SPARK_MEMSAVER_CONFIG"
+
+
+@dataclass(frozen=True)
+class Config:
+    # Which kernels we build for: "64k-only" (arm64 with CONFIG_ARM64_64K_PAGES) or "all".
+    kernels: str = "64k-only"
+    # Packing tier: "4k" (4 KiB slots, default) or "256" (256 B slots; opt-in, not hardware-validated).
+    tier: str = "4k"
+    # Monitoring sample interval in seconds.
+    interval: int = 60
+    # Path of a Prometheus textfile (node_exporter textfile collector); None = off.
+    prometheus_textfile: str | None = None
+    # Signing: None = DKMS's configured/default key; else explicit paths.
+    signing_key: str | None = None
+    signing_cert: str | None = None
+    # Build automatically when a supported driver appears (daemon, postinst, hooks).
+    auto_build: bool = True
+    # Samples kept in the daemon's history ring.
+    history_size: int = 1440
+    # Where this config came from ("defaults" or a path).
+    source: str = field(default="defaults", compare=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# key -> (type(s), validator or None, description of what is expected)
+_SCHEMA = {
+    "kernels": (str, lambda v: v in ("64k-only", "all"), "one of: 64k-only, all"),
+    "tier": ((str, int), lambda v: str(v) in ("4k", "256"), "one of: 4k, 256"),
+    "interval": (int, lambda v: 5 <= v <= 86400, "an integer number of seconds between 5 and 86400"),
+    "prometheus_textfile": ((str, type(None)), lambda v: v is None or v.startswith("/"),
+                            "an absolute path, or null to disable"),
+    "signing_key": ((str, type(None)), lambda v: v is None or v.startswith("/"), "an absolute path or null"),
+    "signing_cert": ((str, type(None)), lambda v: v is None or v.startswith("/"), "an absolute path or null"),
+    "auto_build": (bool, None, "true or false"),
+    "history_size": (int, lambda v: 10 <= v <= 100000, "an integer between 10 and 100000"),
+}
+
+
+def parse(text: str, source: str) -> Config:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}")
+    if data is None:
+        return Config(source=source)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys to values at the top level, "
+                          f"found {type(data).__name__}")
+    values = {}
+    for key, value in data.items():
+        if key not in _SCHEMA:
+            known = ", ".join(sorted(_SCHEMA))
+            raise ConfigError(f"{source}: unknown key '{key}' (known keys: {known})")
+        types, ok, expected = _SCHEMA[key]
+        if isinstance(value, bool) and types is not bool and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise ConfigError(f"{source}: key '{key}' must be {expected}, got {value!r}")
+        if not isinstance(value, types) or (ok is not None and not ok(value)):
+            raise ConfigError(f"{source}: key '{key}' must be {expected}, got {value!r}")
+        values[key] = str(value) if key == "tier" else value
+    return Config(source=source, **values)
+
+
+def load(path: str | None = None, root: str = "/") -> Config:
+    """Load the config. ``path`` None means: $SPARK_MEMSAVER_CONFIG, else the default location."""
+    explicit = path or os.environ.get(ENV_VAR)
+    target = explicit or DEFAULT_PATH
+    full = target if root == "/" or explicit else os.path.join(root, target.lstrip("/"))
+    try:
+        with open(full, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"{full}: config file not found",
+                              remedy="Give an existing file, or drop --config/SPARK_MEMSAVER_CONFIG to use defaults.")
+        return Config()
+    except OSError as e:
+        raise ConfigError(f"{full}: cannot read config file: {e.strerror}",
+                          remedy="Check the file's permissions (it should be readable by root).")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{full}: not UTF-8 text")
+    return parse(text, full)

@@ -1,0 +1,197 @@
+"""Decide: a pure function from a snapshot (+ config) to a state and findings. No I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .config import Config
+
+STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
+          "rolled-back", "needs-attention", "unverified")
+SEVERITIES = ("info", "warning", "error")
+
+# Secure Boot states in which a module signed by our key will load.
+SB_LOADABLE = ("not-needed", "enrolled")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    message: str
+    remedy: str = ""
+    kernel: str | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if d["kernel"] is None:
+            del d["kernel"]
+        return d
+
+
+@dataclass
+class Verdict:
+    state: str
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def problem(self) -> bool:
+        return any(f.severity in ("warning", "error") for f in self.findings)
+
+
+def kernel_in_policy(kernel: dict, config: Config) -> tuple[bool, str]:
+    """Whether our policy builds for this kernel, and why not."""
+    if config.kernels == "all":
+        return True, ""
+    if kernel.get("page_size") == 65536:
+        return True, ""
+    ps = kernel.get("page_size")
+    what = f"{ps // 1024} KiB pages" if ps else "an unknown page size"
+    return False, f"kernel {kernel['release']} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels"
+
+
+def _running(snap: dict) -> dict | None:
+    for k in snap.get("kernels", []):
+        if k.get("running"):
+            return k
+    return None
+
+
+def driver_present(snap: dict) -> bool:
+    if snap["driver"].get("loaded_version") or snap["driver"].get("sources"):
+        return True
+    return any((k.get("nvidia_selected") or {}).get("path") for k in snap.get("kernels", []))
+
+
+def evaluate(snap: dict, config: Config) -> Verdict:
+    f: list[Finding] = []
+    host = snap["host"]
+    uvm = snap["uvm"]
+    sb = snap.get("secure_boot") or {}
+    records = snap.get("records") or {}
+    running = _running(snap)
+
+    # 1. Nothing to do without an NVIDIA driver.
+    if not driver_present(snap):
+        f.append(Finding("no-nvidia-driver", "info",
+                         "No NVIDIA driver is installed or loaded on this host, so there is no nvidia-uvm to patch.",
+                         "Nothing to do. Install the NVIDIA open driver first if this node has an NVIDIA GPU."))
+        return Verdict("not-applicable", f)
+
+    # 2. Safety first: a patched module selected or loaded beside a different driver's nvidia.ko.
+    mismatch = False
+    for k in snap.get("kernels", []):
+        sel, nv = k.get("uvm_selected") or {}, k.get("nvidia_selected") or {}
+        if sel.get("patched") and nv.get("version") and sel.get("version") and sel["version"] != nv["version"]:
+            mismatch = True
+            f.append(Finding("override-driver-mismatch", "error",
+                             f"Our nvidia-uvm {sel['version']} is selected for kernel {k['release']} beside "
+                             f"nvidia.ko {nv['version']}; the load-time guard will load the stock module instead.",
+                             "Run 'spark-memsaver reconcile' (or restart spark-memsaverd) to remove the stale override "
+                             "and rebuild for the installed driver.", k["release"]))
+    loaded_nv = snap["driver"].get("loaded_version")
+    if uvm.get("loaded") and uvm.get("patched") and loaded_nv and uvm.get("version") and uvm["version"] != loaded_nv:
+        mismatch = True
+        f.append(Finding("loaded-driver-mismatch", "error",
+                         f"The loaded nvidia-uvm is ours for {uvm['version']} but nvidia {loaded_nv} is loaded.",
+                         "Stop CUDA work and run 'spark-memsaver rollback', or reboot."))
+
+    # 3. Interrupted operations.
+    for intent in records.get("intents", []):
+        f.append(Finding("operation-interrupted", "warning",
+                         f"An interrupted '{intent.get('op', '?')}' operation was found "
+                         f"(started {intent.get('started', '?')}).",
+                         "spark-memsaverd finishes or undoes it at start; or run 'spark-memsaver reconcile'.",
+                         intent.get("kernel")))
+    for path in records.get("unreadable", []):
+        f.append(Finding("state-record-unreadable", "warning", f"State record {path} is not valid JSON.",
+                         "Run 'spark-memsaver reconcile'; it re-derives state from the system and rewrites it."))
+
+    # 4. Secure Boot.
+    sb_state = sb.get("state", "unknown")
+    if sb_state == "unknown":
+        f.append(Finding("secure-boot-unknown", "warning",
+                         "Secure Boot / MOK state could not be read: " + (sb.get("reason") or "unknown reason") + ".",
+                         "Installing is refused until it can be read; run 'spark-memsaver mok status' for details."))
+    elif sb_state not in SB_LOADABLE and sb_state:
+        f.append(Finding(f"mok-{sb_state}", "warning",
+                         f"Secure Boot is enforcing and the signing key is {sb_state.replace('-', ' ')}: "
+                         "a module we sign will not load until the key is enrolled.",
+                         "Run 'spark-memsaver mok enroll' and confirm the key at the console on next boot."))
+
+    # 5. Policy for the running kernel.
+    ours_selected = bool(running and (running.get("uvm_selected") or {}).get("patched"))
+    if running is not None:
+        ok, why = kernel_in_policy(running, config)
+        if not ok and not ours_selected and not (uvm.get("loaded") and uvm.get("patched")):
+            f.append(Finding("kernel-outside-policy", "info", why.capitalize() + ".",
+                             "Packing saves memory on 64 KiB kernels; set 'kernels: all' in "
+                             "/etc/spark-memsaver/config.yaml to build for other kernels too."))
+            if host.get("page_size") != 65536 and config.kernels == "64k-only":
+                return Verdict("needs-attention" if mismatch else "not-applicable", f)
+        if not running.get("headers"):
+            f.append(Finding("headers-missing", "warning" if ok else "info",
+                             f"Kernel headers for {running['release']} are not installed; nothing can be built for it.",
+                             f"Install the headers package for {running['release']} "
+                             "(e.g. apt install linux-headers-$(uname -r)).", running["release"]))
+    for k in snap.get("kernels", []):
+        if k.get("running"):
+            continue
+        ok, _ = kernel_in_policy(k, config)
+        if ok and not k.get("headers"):
+            f.append(Finding("headers-missing", "info",
+                             f"Kernel headers for {k['release']} are not installed; it stays stock.",
+                             f"Install linux-headers-{k['release']}.", k["release"]))
+
+    if mismatch:
+        return Verdict("needs-attention", f)
+
+    # 6. Loaded module.
+    if uvm.get("loaded") and uvm.get("patched"):
+        packing = uvm.get("packing") or {}
+        if "error" in packing or not packing:
+            f.append(Finding("counters-unreadable", "warning",
+                             "Our nvidia-uvm is loaded but its counters could not be read: "
+                             + packing.get("error", "missing") + ".",
+                             "Update spark-memsaver so it matches the module, or rebuild the module."))
+            return Verdict("needs-attention", f)
+        if packing.get("tier") == "off":
+            f.append(Finding("packing-disabled", "info", "Our nvidia-uvm is loaded with packing turned off "
+                             "(uvm_pt_pack=0).", "Remove the uvm_pt_pack=0 option and reload the module."))
+            return Verdict("inactive", f)
+        if packing.get("trees_packed", 0) == 0 and packing.get("trees_unpacked", 0) > 0:
+            f.append(Finding("packing-predicates-unmet", "warning",
+                             "Our nvidia-uvm is loaded but the GPU did not qualify for packing "
+                             f"(reason: {packing.get('unpacked_reason', 'unknown')}).",
+                             "Packing applies only to integrated GPUs without vidmem on DMA-coherent systems "
+                             "(DGX Spark / GB10)."))
+            return Verdict("inactive", f)
+        if sb_state == "unknown":
+            return Verdict("unverified", f)
+        return Verdict("active", f)
+
+    # 7. Rolled back (a driver update removed our override and we could not rebuild).
+    rollbacks = records.get("rollbacks", [])
+    if rollbacks and not ours_selected:
+        last = sorted(rollbacks, key=lambda r: str(r.get("time", "")))[-1]
+        f.append(Finding("rolled-back", "warning",
+                         f"Rolled back to the stock nvidia-uvm: {last.get('reason', 'no reason recorded')}.",
+                         last.get("remedy") or "Nothing is broken: the stock module is in use. The patch comes "
+                         "back by itself when a supported driver is installed."))
+        return Verdict("rolled-back", f)
+
+    # 8. On disk.
+    if ours_selected:
+        if sb_state not in SB_LOADABLE:
+            return Verdict("unverified", f)
+        if uvm.get("loaded"):
+            f.append(Finding("activation-pending", "info",
+                             "Our nvidia-uvm is installed but the stock module is still loaded.",
+                             "Run 'spark-memsaver activate' (needs /dev/nvidia-uvm unused), or reboot."))
+        return Verdict("installed", f)
+    if any(b.get("built") for r in (snap.get("dkms") or {}).get("registrations", []) for b in r.get("builds", [])):
+        return Verdict("built", f)
+
+    f.append(Finding("stock", "info", "The stock nvidia-uvm is selected.",
+                     "Run 'spark-memsaver install' to build and install the packing module."))
+    return Verdict("stock", f)

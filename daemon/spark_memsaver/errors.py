@@ -1,0 +1,96 @@
+"""Named errors. Every failure a user can meet is one of these: a code, a message, a remedy.
+
+The CLI prints them without a traceback; the daemon maps the class name to a D-Bus error name
+(``<interface>.Error.<ClassName>``).
+"""
+
+from __future__ import annotations
+
+# Exit codes, documented in README.md and spark-memsaver(8).
+EXIT_OK = 0
+EXIT_PROBLEM = 1      # a problem was found, or the operation was refused
+EXIT_USAGE = 2        # bad usage, bad config, inspection impossible
+EXIT_FAILED = 3       # the operation failed midway (a recovery record explains)
+EXIT_NOT_APPLICABLE = 4
+
+
+class MemsaverError(Exception):
+    """Base of all named errors."""
+
+    code = "error"
+    exit_code = EXIT_PROBLEM
+    remedy = ""
+
+    def __init__(self, message: str, remedy: str | None = None, **details):
+        super().__init__(message)
+        self.message = message
+        if remedy is not None:
+            self.remedy = remedy
+        self.details = details
+
+    def to_dict(self) -> dict:
+        d = {"code": self.code, "name": type(self).__name__, "message": self.message, "remedy": self.remedy}
+        if self.details:
+            d["details"] = {k: (v if isinstance(v, (int, float, bool, type(None), list, dict)) else str(v))
+                            for k, v in self.details.items()}
+        return d
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(MemsaverError):
+    code = "usage"
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(MemsaverError):
+    code = "config-invalid"
+    exit_code = EXIT_USAGE
+    remedy = "Fix the file (see spark-memsaver(8), CONFIGURATION) or remove it to use the defaults."
+
+
+class InspectionError(MemsaverError):
+    code = "inspection-impossible"
+    exit_code = EXIT_USAGE
+
+
+class CommandNotFound(MemsaverError):
+    code = "command-not-found"
+    exit_code = EXIT_FAILED
+
+
+class CommandTimedOut(MemsaverError):
+    code = "command-timed-out"
+    exit_code = EXIT_FAILED
+
+
+class CommandFailed(MemsaverError):
+    code = "command-failed"
+    exit_code = EXIT_FAILED
+
+
+class NotPermitted(MemsaverError):
+    code = "not-permitted"
+    remedy = "Run it as root (sudo), or through the daemon with a polkit-authorized account."
+
+
+class Busy(MemsaverError):
+    code = "busy"
+    remedy = "Wait for the running operation to finish (spark-memsaver status shows it)."
+
+
+class Unsupported(MemsaverError):
+    code = "unsupported"
+
+
+class SafetyRefusal(MemsaverError):
+    """Refused because acting could leave a mismatched or unloadable module selected."""
+
+    code = "safety-refusal"
+
+
+class SecureBootUnknown(SafetyRefusal):
+    code = "secure-boot-unknown"
+    remedy = ("Check that efivarfs is mounted (mount -t efivarfs efivarfs /sys/firmware/efi/efivars) and "
+              "readable; run 'spark-memsaver mok status' for the reason.")

@@ -1,0 +1,365 @@
+"""Observe: one snapshot of the host, read through a root prefix, as a plain JSON-able dict.
+
+Nothing here decides anything; decide.py does that from the snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+
+from .counters import CountersError, parse_stats
+from .host import Host
+
+log = logging.getLogger("spark_memsaver.observe")
+
+EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
+OUR_TAG = "spark_memsaver"          # modinfo field carried by our patched module
+OUR_DKMS_NAME = "spark-memsaver-uvm"
+UVM_NAMES = ("nvidia-uvm", "nvidia_uvm")
+_SRC_RE = re.compile(r"^nvidia(?:-[a-z][a-z-]*?)?-(\d+\.\d+(?:\.\d+)?)$")
+_PAGE_CFG = (("CONFIG_ARM64_64K_PAGES", 65536), ("CONFIG_ARM64_16K_PAGES", 16384), ("CONFIG_ARM64_4K_PAGES", 4096))
+
+
+def _strip(s: str | None) -> str | None:
+    return s.strip() if s is not None else None
+
+
+# --- host --------------------------------------------------------------------------------------
+
+def page_size_from_pmd(pmd_bytes: int) -> int | None:
+    """CPU page size from THP's PMD size: a PMD maps PAGE_SIZE/8 pages, so pmd = page**2 / 8."""
+    for ps in (4096, 16384, 65536):
+        if ps * ps // 8 == pmd_bytes:
+            return ps
+    return None
+
+
+def kernel_config(host: Host, release: str) -> dict[str, str]:
+    for p in (f"/boot/config-{release}", f"/lib/modules/{release}/build/.config",
+              f"/usr/lib/modules/{release}/config"):
+        text = host.read_text(p)
+        if text:
+            cfg = {}
+            for line in text.splitlines():
+                if line.startswith("CONFIG_") and "=" in line:
+                    k, v = line.split("=", 1)
+                    cfg[k] = v
+            return cfg
+    return {}
+
+
+def kernel_page_size(host: Host, release: str, arch: str | None) -> int | None:
+    cfg = kernel_config(host, release)
+    for key, size in _PAGE_CFG:
+        if cfg.get(key) == "y":
+            return size
+    if cfg and cfg.get("CONFIG_X86_64") == "y" or (not cfg and arch == "x86_64" and "amd64" in release):
+        return 4096
+    if cfg.get("CONFIG_X86") == "y":
+        return 4096
+    return None
+
+
+def observe_host(host: Host) -> dict:
+    release = _strip(host.read_text("/proc/sys/kernel/osrelease"))
+    arch = _strip(host.read_text("/proc/sys/kernel/arch"))
+    if host.is_live:
+        u = os.uname()
+        release, arch = release or u.release, arch or u.machine
+        page_size = os.sysconf("SC_PAGE_SIZE")
+    else:
+        page_size = None
+        pmd = _strip(host.read_text("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"))
+        if pmd and pmd.isdigit():
+            page_size = page_size_from_pmd(int(pmd))
+        if page_size is None and release:
+            page_size = kernel_page_size(host, release, arch)
+    return {"kernel": release, "arch": arch, "page_size": page_size}
+
+
+# --- modules -----------------------------------------------------------------------------------
+
+def parse_modinfo(text: str) -> dict:
+    """modinfo's 'field: value' lines; repeated fields (parm, alias, sig_key lines) become lists."""
+    info: dict = {}
+    last = None
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9_]+):\s*(.*)$", line)
+        if m:
+            key, value = m.group(1), m.group(2).strip()
+            if key in ("parm", "alias", "firmware", "import_ns"):
+                info.setdefault(key, []).append(value)
+            else:
+                info[key] = value
+            last = key
+        elif last == "sig_hashalgo" or (last and line.startswith("\t")):
+            # continuation lines of signature / sig_key dumps
+            info[last] = (info.get(last, "") + line.strip()) if isinstance(info.get(last), str) else info.get(last)
+    return info
+
+
+def module_info(host: Host, release: str, name: str) -> dict | None:
+    """Which file module loading would select for ``name`` on kernel ``release``, with its modinfo."""
+    argv = ["modinfo", "-k", release, name]
+    if not host.is_live:
+        argv[1:1] = ["-b", str(host.root)]
+    try:
+        r = host.run(argv, timeout=10)
+    except Exception as e:  # modinfo missing or hung: the snapshot says so
+        return {"error": str(e)}
+    if r.returncode != 0:
+        return None
+    info = parse_modinfo(r.stdout)
+    fn = info.get("filename", "")
+    if fn and not host.is_live and fn.startswith(str(host.root)):
+        info["filename"] = "/" + os.path.relpath(fn, host.root)
+    return info
+
+
+def describe_module(info: dict | None) -> dict | None:
+    if info is None:
+        return None
+    if "error" in info:
+        return {"path": None, "error": info["error"]}
+    parms = [p.split(":", 1)[0] for p in info.get("parm", [])]
+    return {
+        "path": info.get("filename"),
+        "version": info.get("version"),
+        "srcversion": info.get("srcversion"),
+        "vermagic": info.get("vermagic"),
+        "signer": info.get("signer"),
+        "depends": [d for d in info.get("depends", "").split(",") if d],
+        "patched": OUR_TAG in info or "uvm_pt_pack" in parms,
+        "patch_id": info.get(OUR_TAG),
+    }
+
+
+def installed_kernels(host: Host) -> list[str]:
+    out = []
+    for rel in host.listdir("/lib/modules"):
+        if host.path(f"/lib/modules/{rel}").is_dir() and (
+                host.exists(f"/lib/modules/{rel}/modules.dep") or host.exists(f"/lib/modules/{rel}/kernel")
+                or host.exists(f"/lib/modules/{rel}/build")):
+            out.append(rel)
+    return out
+
+
+def observe_kernels(host: Host, running_arch: str | None) -> list[dict]:
+    kernels = []
+    for rel in installed_kernels(host):
+        build = f"/lib/modules/{rel}/build"
+        headers = host.exists(f"{build}/Makefile")
+        kernels.append({
+            "release": rel,
+            "running": False,
+            "page_size": kernel_page_size(host, rel, running_arch),
+            "headers": headers,
+            "uvm_selected": describe_module(module_info(host, rel, "nvidia_uvm")),
+            "nvidia_selected": describe_module(module_info(host, rel, "nvidia")),
+        })
+    return kernels
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+def observe_driver(host: Host) -> dict:
+    loaded = _strip(host.read_text("/sys/module/nvidia/version"))
+    sources = []
+    for name in host.listdir("/usr/src"):
+        m = _SRC_RE.match(name)
+        if not m:
+            continue
+        p = f"/usr/src/{name}"
+        sources.append({
+            "version": m.group(1),
+            "path": p,
+            "open": host.exists(f"{p}/nvidia-uvm") and host.exists(f"{p}/Kbuild"),
+        })
+    return {"loaded_version": loaded, "sources": sources}
+
+
+def observe_uvm(host: Host) -> dict:
+    base = "/sys/module/nvidia_uvm"
+    if not host.exists(base):
+        return {"loaded": False, "version": None, "srcversion": None, "patched": False,
+                "parameters": {}, "packing": None}
+    params = {}
+    for name in host.listdir(f"{base}/parameters"):
+        if name == "uvm_pt_pack_stats":
+            continue
+        v = host.read_text(f"{base}/parameters/{name}")
+        if v is not None:
+            params[name] = v.strip()
+    packing = None
+    stats = host.read_text(f"{base}/parameters/uvm_pt_pack_stats")
+    if stats is not None:
+        try:
+            packing = parse_stats(stats)
+        except CountersError as e:
+            packing = {"error": str(e)}
+    return {
+        "loaded": True,
+        "version": _strip(host.read_text(f"{base}/version")),
+        "srcversion": _strip(host.read_text(f"{base}/srcversion")),
+        "patched": "uvm_pt_pack" in params or stats is not None,
+        "parameters": params,
+        "packing": packing,
+    }
+
+
+def uvm_holders(host: Host, device: str = "/dev/nvidia-uvm") -> list[dict]:
+    """Processes with ``device`` open (scans /proc/<pid>/fd; unreadable processes are skipped)."""
+    holders = []
+    proc = host.path("/proc")
+    try:
+        pids = [d for d in os.listdir(proc) if d.isdigit()]
+    except OSError:
+        return holders
+    for pid in pids:
+        fddir = proc / pid / "fd"
+        try:
+            fds = os.listdir(fddir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fddir / fd)
+            except OSError:
+                continue
+            if target == device:
+                comm = (host.read_text(f"/proc/{pid}/comm") or "?").strip()
+                holders.append({"pid": int(pid), "comm": comm})
+                break
+    return holders
+
+
+# --- DKMS --------------------------------------------------------------------------------------
+
+def observe_dkms(host: Host) -> dict:
+    """Our DKMS registrations, read from DKMS's tree (/var/lib/dkms) without running dkms."""
+    base = f"/var/lib/dkms/{OUR_DKMS_NAME}"
+    regs = []
+    installed_links = {}
+    for entry in host.listdir(base):
+        p = host.path(f"{base}/{entry}")
+        if entry.startswith("kernel-") and p.is_symlink():
+            installed_links[entry[len("kernel-"):]] = os.readlink(p)
+    for ver in host.listdir(base):
+        if ver.startswith("kernel-") or not host.path(f"{base}/{ver}").is_dir():
+            continue
+        source_ok = host.exists(f"/usr/src/{OUR_DKMS_NAME}-{ver}/dkms.conf")
+        builds = []
+        for kver in host.listdir(f"{base}/{ver}"):
+            if kver in ("source", "build") or not host.path(f"{base}/{ver}/{kver}").is_dir():
+                continue
+            for arch in host.listdir(f"{base}/{ver}/{kver}"):
+                built = bool([f for f in host.listdir(f"{base}/{ver}/{kver}/{arch}/module") if ".ko" in f])
+                link = installed_links.get(f"{kver}-{arch}", "")
+                builds.append({"kernel": kver, "arch": arch, "built": built,
+                               "installed": link.rstrip("/").startswith(f"{ver}/")})
+        regs.append({"module": OUR_DKMS_NAME, "version": ver, "source_present": source_ok, "builds": builds})
+    return {"available": host.exists("/usr/sbin/dkms") or host.exists("/usr/bin/dkms"), "registrations": regs}
+
+
+# --- Secure Boot (first reading; mok.py deepens it) ----------------------------------------------
+
+def observe_secure_boot(host: Host) -> dict:
+    try:
+        from . import mok  # the full reading, when present
+        return mok.observe(host)
+    except ImportError:
+        pass
+    efi = host.exists("/sys/firmware/efi")
+    raw = host.read_bytes(f"/sys/firmware/efi/efivars/SecureBoot-{EFI_GLOBAL_GUID}")
+    if not efi:
+        return {"efi": False, "secure_boot": False, "state": "not-needed", "reason": "no EFI firmware"}
+    if raw is None or len(raw) != 5:
+        return {"efi": True, "secure_boot": None, "state": "unknown",
+                "reason": "SecureBoot variable unreadable or malformed"}
+    on = raw[4] == 1
+    return {"efi": True, "secure_boot": on, "state": "unknown" if on else "not-needed",
+            "reason": "enrollment state not read" if on else "Secure Boot is off"}
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+def observe_memory(host: Host, uvm: dict) -> dict:
+    import psutil
+
+    old = psutil.PROCFS_PATH
+    try:
+        psutil.PROCFS_PATH = str(host.path("/proc"))
+        vm = psutil.virtual_memory()
+        total, available = int(vm.total), int(vm.available)
+    except Exception:  # a fixture root without meminfo
+        total = available = None
+    finally:
+        psutil.PROCFS_PATH = old
+    packing = uvm.get("packing") or {}
+    ok = "error" not in packing and bool(packing)
+    return {
+        "total": total,
+        "available": available,
+        "pagetable_backing": packing.get("backing_bytes") if ok else None,
+        "pagetable_stock_equivalent": packing.get("stock_bytes") if ok else None,
+        "saved": packing.get("saved_bytes") if ok else None,
+    }
+
+
+# --- state records (lifecycle) -------------------------------------------------------------------
+
+STATE_DIR = "/var/lib/spark-memsaver"
+
+
+def observe_records(host: Host) -> dict:
+    """Intent and rollback records left by operations (lifecycle); parsed leniently here."""
+    import json
+
+    out = {"intents": [], "rollbacks": [], "last_validation": None, "unreadable": []}
+    for sub, key in (("intents", "intents"), ("rollbacks", "rollbacks")):
+        for name in host.listdir(f"{STATE_DIR}/{sub}"):
+            if not name.endswith(".json"):
+                continue
+            text = host.read_text(f"{STATE_DIR}/{sub}/{name}")
+            try:
+                out[key].append(json.loads(text or ""))
+            except ValueError:
+                out["unreadable"].append(f"{STATE_DIR}/{sub}/{name}")
+    text = host.read_text(f"{STATE_DIR}/validate-last.json")
+    if text:
+        try:
+            out["last_validation"] = json.loads(text)
+        except ValueError:
+            out["unreadable"].append(f"{STATE_DIR}/validate-last.json")
+    return out
+
+
+# --- the snapshot ------------------------------------------------------------------------------
+
+def snapshot(host: Host) -> dict:
+    t0 = time.monotonic()
+    h = observe_host(host)
+    if h["kernel"] is None:
+        from .errors import InspectionError
+        raise InspectionError(f"{host.root}: no kernel release found at proc/sys/kernel/osrelease",
+                              remedy="Point --root at a system root with /proc and /sys mounted.")
+    kernels = observe_kernels(host, h["arch"])
+    for k in kernels:
+        k["running"] = k["release"] == h["kernel"]
+    uvm = observe_uvm(host)
+    snap = {
+        "host": h,
+        "driver": observe_driver(host),
+        "uvm": uvm,
+        "kernels": kernels,
+        "dkms": observe_dkms(host),
+        "secure_boot": observe_secure_boot(host),
+        "holders": uvm_holders(host),
+        "memory": observe_memory(host, uvm),
+        "records": observe_records(host),
+    }
+    snap["observed_in_s"] = round(time.monotonic() - t0, 4)
+    return snap

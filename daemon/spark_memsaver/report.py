@@ -1,0 +1,102 @@
+"""Report: the versioned status document (``status --json``, D-Bus GetStatus) and its readable form.
+
+The document's JSON Schema is ``status.schema.json`` beside this file; schema version 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+from . import __version__
+from .config import Config
+from .decide import Verdict, evaluate
+from .host import Host
+from .observe import snapshot
+
+SCHEMA_VERSION = 1
+
+
+def _uvm_selected(k: dict) -> dict | None:
+    sel = k.get("uvm_selected")
+    if not sel:
+        return None
+    return {key: sel.get(key) for key in ("path", "version", "patched", "signer", "srcversion", "vermagic")}
+
+
+def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
+    uvm = snap["uvm"]
+    packing = uvm.get("packing")
+    return {
+        "schema": SCHEMA_VERSION,
+        "version": __version__,
+        "state": verdict.state,
+        "host": snap["host"],
+        "driver": {"loaded_version": snap["driver"]["loaded_version"],
+                   "sources": [{"version": s["version"], "path": s["path"], "open": s["open"]}
+                               for s in snap["driver"]["sources"]]},
+        "uvm": {"loaded": uvm["loaded"], "version": uvm.get("version"), "srcversion": uvm["srcversion"],
+                "patched": uvm["patched"], "parameters": uvm.get("parameters", {}), "packing": packing},
+        "kernels": [{"release": k["release"], "running": k["running"], "page_size": k["page_size"],
+                     "headers": k["headers"], "uvm_selected": _uvm_selected(k),
+                     "nvidia_version": (k.get("nvidia_selected") or {}).get("version")}
+                    for k in snap["kernels"]],
+        "dkms": snap["dkms"],
+        "secure_boot": snap["secure_boot"],
+        "uvm_holders": snap["holders"],
+        "memory": snap["memory"],
+        "records": snap.get("records", {}),
+        "config": {"kernels": config.kernels, "tier": config.tier, "interval": config.interval,
+                   "source": config.source},
+        "findings": [x.to_dict() for x in verdict.findings],
+    }
+
+
+def status(host: Host, config: Config) -> tuple[dict, Verdict]:
+    snap = snapshot(host)
+    verdict = evaluate(snap, config)
+    return build_document(snap, verdict, config), verdict
+
+
+def _mib(n) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 1048576:.1f} MiB" if n < 10 * 1073741824 else f"{n / 1073741824:.2f} GiB"
+
+
+def render_text(doc: dict) -> str:
+    """Aligned, readable status."""
+    rows = [
+        ("State", doc["state"]),
+        ("Kernel", f"{doc['host']['kernel']} ({doc['host']['arch']}, "
+                   f"{(doc['host']['page_size'] or 0) // 1024 or '?'} KiB pages)"),
+        ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
+        ("Driver sources", ", ".join(s["version"] for s in doc["driver"]["sources"]) or "none"),
+        ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
+                                                                          " (not loaded)")),
+        ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
+        ("Memory", f"{_mib(doc['memory']['available'])} available of {_mib(doc['memory']['total'])}"),
+        ("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),
+        ("Saved", _mib(doc["memory"]["saved"])),
+    ]
+    width = max(len(r[0]) for r in rows) + 2
+    lines = [f"{k + ':':<{width}}{v}" for k, v in rows]
+    if doc["kernels"]:
+        lines.append("")
+        lines.append("Kernels:")
+        for k in doc["kernels"]:
+            sel = k["uvm_selected"] or {}
+            which = "ours" if sel.get("patched") else ("stock" if sel.get("path") else "none")
+            lines.append(f"  {'*' if k['running'] else ' '} {k['release']:<28} "
+                         f"{(k['page_size'] or 0) // 1024 or '?':>2} KiB  headers:{'yes' if k['headers'] else 'no ':<4}"
+                         f" uvm:{which:<6} {sel.get('version') or ''}")
+    if doc["findings"]:
+        lines.append("")
+        for f in doc["findings"]:
+            lines.append(f"[{f['severity']}] {f['code']}: {f['message']}")
+            if f.get("remedy"):
+                lines.append(f"    remedy: {f['remedy']}")
+    return "\n".join(lines)
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False)

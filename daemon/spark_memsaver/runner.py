@@ -1,0 +1,76 @@
+"""The one adapter every external command goes through: argv lists only, logged, time-limited."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+from .errors import CommandFailed, CommandNotFound, CommandTimedOut
+
+log = logging.getLogger("spark_memsaver.run")
+
+# Where system tools live; the daemon's environment under systemd may have a minimal PATH.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class Runner:
+    """Runs commands. Subclass or replace to stand in for the host (tests, fixture roots)."""
+
+    def __init__(self, env: dict[str, str] | None = None):
+        self.env = env
+
+    def which(self, name: str) -> str | None:
+        path = os.environ.get("PATH", "") + ":" + SYSTEM_PATH
+        return shutil.which(name, path=path)
+
+    def run(self, argv: list[str], *, timeout: float = 60.0, input: str | bytes | None = None,
+            check: bool = False, env: dict[str, str] | None = None, cwd: str | None = None,
+            text: bool = True) -> Result:
+        if isinstance(argv, str):  # defensive: no shell strings, ever
+            raise TypeError("argv must be a list")
+        argv = [str(a) for a in argv]
+        exe = argv[0] if os.sep in argv[0] else self.which(argv[0])
+        if exe is None:
+            raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
+        full_env = dict(os.environ)
+        full_env.setdefault("LC_ALL", "C.UTF-8")
+        full_env["PATH"] = full_env.get("PATH", "") + ":" + SYSTEM_PATH
+        if self.env:
+            full_env.update(self.env)
+        if env:
+            full_env.update(env)
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run([exe] + argv[1:], input=input, capture_output=True, timeout=timeout,
+                               env=full_env, cwd=cwd, text=text, errors="replace" if text else None)
+        except subprocess.TimeoutExpired:
+            log.warning("timed out after %.0fs: %s", timeout, " ".join(argv))
+            raise CommandTimedOut(f"'{' '.join(argv)}' did not finish within {timeout:.0f} s",
+                                  remedy="Check the system load and the command's logs, then retry.")
+        except FileNotFoundError:
+            raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
+        dt = time.monotonic() - t0
+        log.debug("rc=%d %.3fs: %s", p.returncode, dt, " ".join(argv))
+        res = Result(argv, p.returncode, p.stdout, p.stderr, dt)
+        if check and p.returncode != 0:
+            tail = (p.stderr or p.stdout or "").strip().splitlines()[-5:]
+            raise CommandFailed(f"'{' '.join(argv)}' failed with exit code {p.returncode}: " + " | ".join(tail),
+                                returncode=p.returncode)
+        return res
