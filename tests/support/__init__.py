@@ -1,0 +1,1 @@
+"""Test support: cached heavy fixtures (see nvsrc.py)."""
