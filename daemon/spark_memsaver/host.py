@@ -20,15 +20,19 @@ class Host:
         """True when inspecting the running system itself (root prefix '/')."""
         return self.root == Path("/")
 
-    def path(self, p: str | os.PathLike) -> Path:
+    def path(self, p: str | os.PathLike, follow: bool = True) -> Path:
         """Map an absolute host path into the root prefix, resolving symlinks *inside* the root.
 
         An absolute link target such as ``/usr/src/linux-headers-X`` is taken relative to the root,
         as chroot(2) would, so fixture roots and mounted images never leak into the real system.
+        ``follow=False`` leaves a final symlink unresolved (to readlink it).
         """
         p = str(p)
         if self.is_live:
             return Path(p)
+        if not follow:
+            head, _, tail = p.rstrip("/").rpartition("/")
+            return self.path(head or "/") / tail
         parts = [x for x in p.split("/") if x not in ("", ".")]
         resolved: list[str] = []
         links = 0

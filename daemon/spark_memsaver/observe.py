@@ -244,7 +244,7 @@ def observe_dkms(host: Host) -> dict:
     regs = []
     installed_links = {}
     for entry in host.listdir(base):
-        p = host.path(f"{base}/{entry}")
+        p = host.path(f"{base}/{entry}", follow=False)
         if entry.startswith("kernel-") and p.is_symlink():
             installed_links[entry[len("kernel-"):]] = os.readlink(p)
     for ver in host.listdir(base):
