@@ -17,8 +17,15 @@ import click
 from . import __version__
 from .errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError
 
-# Modules that add commands: each defines register(group). Listed here so `spark-memsaver --help` is complete.
-COMMAND_MODULES = ("uvm_patch", "dkms", "mok", "lifecycle", "validate", "client")
+# Commands defined in their own modules (each module has register(group)); imported only when used, so
+# `status` does not pay for jinja2, pydbus or ctypes. Listed here so `--help` is complete.
+LAZY_COMMANDS = {
+    "patch": "uvm_patch",
+    "build": "dkms", "install": "dkms", "remove": "dkms",
+    "mok": "mok",
+    "activate": "lifecycle", "rollback": "lifecycle", "reconcile": "lifecycle",
+    "validate": "validate",
+}
 
 
 class Context:
@@ -58,7 +65,25 @@ def emit_error(err: MemsaverError) -> None:
 
 
 class SafeGroup(click.Group):
-    """Named errors become messages and exit codes; nothing reaches the user as a traceback."""
+    """Named errors become messages and exit codes; nothing reaches the user as a traceback.
+
+    Sub-commands listed in LAZY_COMMANDS are loaded from their modules on first use."""
+
+    def list_commands(self, ctx):
+        names = set(self.commands)
+        if self is cli:
+            names |= {n for n, m in LAZY_COMMANDS.items() if importlib.util.find_spec(f"{__package__}.{m}")}
+        return sorted(names)
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and self is cli and name in LAZY_COMMANDS:
+            modname = f"{__package__}.{LAZY_COMMANDS[name]}"
+            if importlib.util.find_spec(modname) is not None:
+                mod = importlib.import_module(modname)
+                register = getattr(mod, "register", None)
+                if register is not None:
+                    register(self)
+        return self.commands.get(name)
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
@@ -153,19 +178,6 @@ def config_show(obj: Context, as_json: bool):
     else:
         for k, v in d.items():
             click.echo(f"{k + ':':<22}{v}")
-
-
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        if importlib.util.find_spec(f"{__package__}.{name}") is None:
-            continue
-        mod = importlib.import_module(f"{__package__}.{name}")
-        reg = getattr(mod, "register", None)
-        if reg is not None:
-            reg(cli)
-
-
-_register_all()
 
 
 def main() -> None:
