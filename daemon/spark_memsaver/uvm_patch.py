@@ -1,0 +1,465 @@
+"""The apply step: NVIDIA open kernel-module tree in, patched copy out (never in place, never with fuzz).
+
+Input (SRC): an NVIDIA open kernel-module tree as a driver package installs it under /usr/src, i.e. the
+layout of upstream's ``kernel-open/`` (``Kbuild``, ``Makefile``, ``conftest.sh``, ``common/``,
+``nvidia-uvm/`` ...). Output (DEST): a NEW directory holding a copy of SRC with
+
+* ``uvm_patch/src/uvm_pt_pack.[ch]`` copied into ``nvidia-uvm/`` (one source of truth for every branch),
+* the branch's hook patch from ``uvm_patch/manifest.yaml`` applied with ``patch --fuzz=0``,
+* optionally the build-time default tier (``-DUVM_PT_PACK_DEFAULT=<n>``) added for uvm_pt_pack.o,
+* ``spark-memsaver-uvm-patch.json``: what was applied (version, branch, files and their sha256,
+  qualification).
+
+Steps and preconditions (each refusal is a named error with a remedy; nothing is left behind):
+
+1. SRC is a tree of the expected layout; its driver version is read from ``Kbuild``
+   (``-DNV_VERSION_STRING="X"``, what the module is compiled with) and cross-checked against
+   ``dkms.conf`` ``PACKAGE_VERSION`` when that holds a real version -> else ``SourceTreeInvalid``.
+   A tree that already carries the pool is refused too (``SourceTreeInvalid``).
+2. DEST does not exist (``DestinationExists``); its parent does.
+3. The manifest selects the patch: an exact version entry, else a range entry (qualification
+   ``untested``). A version the manifest does not know gets a dry run with the nearest branch's patch
+   and is refused (``UnknownDriverVersion``) stating whether that patch would apply cleanly; with
+   ``allow_untested`` a clean nearest-branch patch is applied and reported as ``untested``.
+4. Dry run (``patch --dry-run --fuzz=0 --forward``) against SRC (read-only) -> ``PatchDoesNotApply``.
+5. Copy SRC into a temporary sibling of DEST, add the pool files, apply for real, verify, then rename
+   to DEST atomically. Any failure removes the temporary copy.
+
+Python API: :func:`apply_patch`, :func:`check_source`, :func:`read_tree_version`, :func:`load_manifest`.
+CLI: ``spark-memsaver patch apply --source SRC --dest DEST [--tier-default N] [--allow-untested] [--json]``
+and ``spark-memsaver patch check --source SRC [--json]`` (dry run only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from .errors import EXIT_USAGE, MemsaverError
+from .runner import Runner
+
+MARKER = "spark-memsaver-uvm-patch.json"
+POOL_DEST = "nvidia-uvm"
+QUALIFICATIONS = ("compile-verified", "untested")  # never "hardware-validated": nothing of ours is, yet
+TIERS = {0: "off", 1: "4k", 2: "256"}
+_REQUIRED = ("Kbuild", "Makefile", "conftest.sh", "common/inc", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
+             "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild")
+_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
+_PATCH_TIMEOUT = 120.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Named errors
+
+class SourceTreeInvalid(MemsaverError):
+    code = "source-tree-invalid"
+    exit_code = EXIT_USAGE
+    remedy = ("Point --source at an unmodified NVIDIA open kernel-module tree as installed under /usr/src "
+              "(e.g. /usr/src/nvidia-580.142 or upstream's kernel-open/); reinstall the driver's DKMS "
+              "source package if it was modified.")
+
+
+class DestinationExists(MemsaverError):
+    code = "destination-exists"
+    remedy = "Choose a new --dest directory, or remove the old one first (the apply step never writes in place)."
+
+
+class UnknownDriverVersion(MemsaverError):
+    code = "unknown-driver-version"
+    remedy = ("This NVIDIA driver version has no qualified patch. Use a driver version listed by "
+              "'spark-memsaver patch list', or wait for a spark-memsaver release that supports it.")
+
+
+class PatchDoesNotApply(MemsaverError):
+    code = "patch-does-not-apply"
+    remedy = ("The NVIDIA sources differ from what the patch expects (zero fuzz). Reinstall the driver's "
+              "source package unmodified; if it is unmodified, this driver needs a new patch release.")
+
+
+class ManifestInvalid(MemsaverError):
+    code = "manifest-invalid"
+    exit_code = EXIT_USAGE
+    remedy = "Reinstall spark-memsaver: its uvm_patch/manifest.yaml or patch files are damaged."
+
+
+class InvalidTier(MemsaverError):
+    code = "invalid-tier"
+    exit_code = EXIT_USAGE
+    remedy = "Use 0 (off), 1 (4 KiB slots, the default) or 2 (256 B tier, opt-in, not hardware-validated)."
+
+
+# ----------------------------------------------------------------------------------------------
+# Where the patch data lives
+
+def patch_data_dir() -> Path:
+    """uvm_patch/ with manifest.yaml, patches/ and src/: $SPARK_MEMSAVER_UVM_PATCH_DIR, the checkout, or
+    the installed copy under /usr/share/spark-memsaver/uvm_patch."""
+    env = os.environ.get("SPARK_MEMSAVER_UVM_PATCH_DIR")
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parents[2] / "uvm_patch", Path("/usr/share/spark-memsaver/uvm_patch")]
+    for c in candidates:
+        if (c / "manifest.yaml").is_file():
+            return c
+    raise ManifestInvalid("uvm_patch/manifest.yaml not found (looked in: "
+                          + ", ".join(str(c) for c in candidates) + ")")
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifest
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+@dataclass
+class Entry:
+    branch: str
+    qualification: str
+    versions: list[str] = field(default_factory=list)   # exact versions
+    range_min: str | None = None                         # inclusive
+    range_below: str | None = None                       # exclusive
+    verified_on: list[str] = field(default_factory=list)
+
+    def matches_exact(self, v: str) -> bool:
+        return v in self.versions
+
+    def matches_range(self, v: str) -> bool:
+        if self.range_min is None and self.range_below is None:
+            return False
+        k = _vkey(v)
+        return ((self.range_min is None or k >= _vkey(self.range_min))
+                and (self.range_below is None or k < _vkey(self.range_below)))
+
+
+@dataclass
+class Manifest:
+    root: Path
+    pool_files: list[Path]
+    branches: dict[str, list[Path]]
+    entries: list[Entry]
+
+    def known_versions(self) -> list[tuple[str, Entry]]:
+        return [(v, e) for e in self.entries for v in e.versions]
+
+
+def load_manifest(root: Path | None = None) -> Manifest:
+    import yaml
+
+    root = Path(root) if root else patch_data_dir()
+    path = root / "manifest.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ManifestInvalid(f"cannot read {path}: {e}")
+
+    def bad(msg):
+        return ManifestInvalid(f"{path}: {msg}")
+
+    if not isinstance(doc, dict) or doc.get("format") != 1:
+        raise bad("not a format-1 manifest")
+    pool = [root / p for p in (doc.get("pool") or {}).get("files", [])]
+    if not pool or not all(p.is_file() for p in pool):
+        raise bad(f"pool files missing: {[str(p) for p in pool if not p.is_file()] or 'none listed'}")
+    branches: dict[str, list[Path]] = {}
+    for name, b in (doc.get("branches") or {}).items():
+        files = [root / p for p in (b or {}).get("patches", [])]
+        if not files or not all(f.is_file() for f in files):
+            raise bad(f"branch {name}: patch files missing")
+        branches[str(name)] = files
+    entries: list[Entry] = []
+    for i, raw in enumerate(doc.get("drivers") or []):
+        if not isinstance(raw, dict):
+            raise bad(f"drivers[{i}] is not a mapping")
+        q = raw.get("qualification")
+        if q not in QUALIFICATIONS:
+            raise bad(f"drivers[{i}]: qualification {q!r} is not one of {QUALIFICATIONS}")
+        if raw.get("branch") not in branches:
+            raise bad(f"drivers[{i}]: unknown branch {raw.get('branch')!r}")
+        versions = [str(v) for v in raw.get("versions", [])]
+        rng = raw.get("range") or {}
+        for v in versions + [str(x) for x in rng.values()]:
+            if not _VERSION_RE.match(v):
+                raise bad(f"drivers[{i}]: bad version {v!r}")
+        if q == "compile-verified" and (not versions or not raw.get("verified_on")):
+            raise bad(f"drivers[{i}]: compile-verified needs exact versions and verified_on")
+        entries.append(Entry(branch=raw["branch"], qualification=q, versions=versions,
+                             range_min=str(rng["min"]) if "min" in rng else None,
+                             range_below=str(rng["below"]) if "below" in rng else None,
+                             verified_on=[str(x) for x in raw.get("verified_on", [])]))
+    if not entries:
+        raise bad("no drivers listed")
+    return Manifest(root=root, pool_files=pool, branches=branches, entries=entries)
+
+
+# ----------------------------------------------------------------------------------------------
+# Source tree
+
+def read_tree_version(src: Path) -> str:
+    """Driver version of an NVIDIA /usr/src-layout tree (raises SourceTreeInvalid)."""
+    src = Path(src)
+    if not src.is_dir():
+        raise SourceTreeInvalid(f"{src} is not a directory")
+    missing = [p for p in _REQUIRED if not (src / p).exists()]
+    if missing:
+        raise SourceTreeInvalid(f"{src} is not an NVIDIA open kernel-module tree: missing {', '.join(missing)}")
+    try:
+        kbuild = (src / "Kbuild").read_text(errors="replace")
+    except OSError as e:
+        raise SourceTreeInvalid(f"cannot read {src / 'Kbuild'}: {e}")
+    found = set(re.findall(r'-DNV_VERSION_STRING=\\?"([^"\\]+)\\?"', kbuild))
+    if len(found) != 1:
+        raise SourceTreeInvalid(f"{src / 'Kbuild'}: expected one NV_VERSION_STRING definition, found "
+                                f"{sorted(found) or 'none'}")
+    version = found.pop()
+    if not _VERSION_RE.match(version):
+        raise SourceTreeInvalid(f"{src / 'Kbuild'}: NV_VERSION_STRING {version!r} is not a driver version")
+    dkms = src / "dkms.conf"
+    if dkms.is_file():
+        m = re.search(r'^PACKAGE_VERSION="?([^"\s]+)"?', dkms.read_text(errors="replace"), re.M)
+        if m and _VERSION_RE.match(m.group(1)) and m.group(1) != version:
+            raise SourceTreeInvalid(f"{src}: Kbuild says {version} but dkms.conf says {m.group(1)}")
+    if (src / POOL_DEST / "uvm_pt_pack.c").exists() or \
+            "uvm_pt_pack" in (src / "nvidia-uvm/nvidia-uvm-sources.Kbuild").read_text(errors="replace"):
+        raise SourceTreeInvalid(f"{src} already carries the spark-memsaver pool (a patched copy?)",
+                                remedy="Use the driver's unmodified tree under /usr/src as --source.")
+    return version
+
+
+@dataclass
+class Selection:
+    version: str
+    branch: str
+    patches: list[Path]
+    qualification: str
+    match: str               # "exact" | "range" | "nearest"
+    verified_on: list[str]
+
+
+def select(manifest: Manifest, version: str) -> Selection | None:
+    for e in manifest.entries:
+        if e.matches_exact(version):
+            return Selection(version, e.branch, manifest.branches[e.branch], e.qualification, "exact", e.verified_on)
+    for e in manifest.entries:
+        if e.matches_range(version):
+            return Selection(version, e.branch, manifest.branches[e.branch], "untested", "range", [])
+    return None
+
+
+def nearest(manifest: Manifest, version: str) -> Selection:
+    """The branch of the known version closest to `version` (by major, then the rest; ties go lower)."""
+    k = _vkey(version)
+
+    def dist(item):
+        kv = _vkey(item[0])
+        return (abs(kv[0] - k[0]), kv[0] > k[0], [abs(a - b) for a, b in zip(kv[1:], k[1:])])
+
+    v, e = min(manifest.known_versions(), key=dist)
+    return Selection(version, e.branch, manifest.branches[e.branch], "untested", "nearest", [])
+
+
+# ----------------------------------------------------------------------------------------------
+# patch(1)
+
+def _patch(runner: Runner, tree: Path, patch_file: Path, dry_run: bool):
+    argv = ["patch", "-p1", "--fuzz=0", "--forward", "--batch", "--no-backup-if-mismatch", "-r", "-",
+            "-d", str(tree), "-i", str(patch_file)]
+    if dry_run:
+        argv.insert(1, "--dry-run")
+    return runner.run(argv, timeout=_PATCH_TIMEOUT)
+
+
+def _dry_run(runner: Runner, src: Path, sel: Selection) -> tuple[bool, str]:
+    """Dry-run every patch of the selection against SRC (read-only). Several patch files of one branch
+    would have to be checked on a scratch copy; branches have one file today."""
+    out = []
+    for p in sel.patches:
+        r = _patch(runner, src, p, dry_run=True)
+        out.append((r.stdout + r.stderr).strip())
+        if not r.ok or "FAILED" in r.stdout or "fuzz" in r.stdout.lower():
+            return False, "\n".join(out)
+    return True, "\n".join(out)
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def check_source(source: Path, *, allow_untested: bool = False, manifest: Manifest | None = None,
+                 runner: Runner | None = None) -> dict:
+    """Steps 1, 3 and 4 (no copy): version, selection and dry run. Returns a JSON-able dict or raises."""
+    runner = runner or Runner()
+    manifest = manifest or load_manifest()
+    source = Path(source)
+    version = read_tree_version(source)
+    sel = select(manifest, version)
+    if sel is None:
+        near = nearest(manifest, version)
+        clean, log = _dry_run(runner, source, near)
+        details = dict(version=version, nearest_branch=near.branch, nearest_patch_clean=clean,
+                       known=[v for v, _ in manifest.known_versions()])
+        if not clean:
+            raise UnknownDriverVersion(
+                f"NVIDIA {version} is not in the manifest, and the nearest branch's patch ({near.branch}) "
+                f"does not apply cleanly to it: refused", **details, dry_run=log[-2000:])
+        if not allow_untested:
+            raise UnknownDriverVersion(
+                f"NVIDIA {version} is not in the manifest. The nearest branch's patch ({near.branch}) would "
+                f"apply cleanly (zero fuzz), but it is UNTESTED for this version (not even compile-verified): "
+                f"refused", remedy=UnknownDriverVersion.remedy + " To try it anyway at your own risk, pass "
+                "--allow-untested.", **details)
+        sel = near
+    else:
+        clean, log = _dry_run(runner, source, sel)
+        if not clean:
+            raise PatchDoesNotApply(
+                f"the {sel.branch} patch for NVIDIA {version} does not apply to {source} with zero fuzz",
+                version=version, branch=sel.branch, dry_run=log[-2000:])
+    return {"source": str(source), "version": version, "branch": sel.branch, "match": sel.match,
+            "qualification": sel.qualification, "verified_on": sel.verified_on,
+            "patches": [str(p.relative_to(manifest.root)) for p in sel.patches], "dry_run": "clean",
+            "_selection": sel}
+
+
+def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested: bool = False,
+                manifest: Manifest | None = None, runner: Runner | None = None) -> dict:
+    """Copy SRC to the new directory DEST, add the pool, apply the branch patch with zero fuzz.
+
+    tier_default: None keeps the pool's compiled-in default; 0/1/2 sets -DUVM_PT_PACK_DEFAULT for
+    uvm_pt_pack.o. Returns the marker dict (also written to DEST/spark-memsaver-uvm-patch.json).
+    """
+    runner = runner or Runner()
+    manifest = manifest or load_manifest()
+    source, dest = Path(source).absolute(), Path(dest).absolute()
+    if tier_default is not None and tier_default not in TIERS:
+        raise InvalidTier(f"tier {tier_default!r} is not 0, 1 or 2")
+    if dest.exists() or dest.is_symlink():
+        raise DestinationExists(f"{dest} already exists", dest=str(dest))
+    if not dest.parent.is_dir():
+        raise DestinationExists(f"the parent of {dest} does not exist", dest=str(dest),
+                                remedy="Create the parent directory first.")
+    if dest == source or source in dest.parents:
+        raise DestinationExists(f"{dest} is inside the source tree {source}",
+                                remedy="Choose a --dest outside the source tree.")
+    result = check_source(source, allow_untested=allow_untested, manifest=manifest, runner=runner)
+    sel: Selection = result.pop("_selection")
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        work = tmp / "tree"
+        shutil.copytree(source, work, symlinks=True)
+        for f in manifest.pool_files:
+            target = work / POOL_DEST / f.name
+            if target.exists():
+                raise SourceTreeInvalid(f"{source} already has {POOL_DEST}/{f.name}")
+            shutil.copy2(f, target)
+        for p in sel.patches:
+            r = _patch(runner, work, p, dry_run=False)
+            if not r.ok:
+                raise PatchDoesNotApply(f"{p.name} failed on the copy after a clean dry run",
+                                        output=(r.stdout + r.stderr)[-2000:])
+        if tier_default is not None:
+            kb = work / "nvidia-uvm" / "nvidia-uvm-sources.Kbuild"
+            with kb.open("a") as fh:
+                fh.write(f"\n# spark-memsaver: build-time default of the uvm_pt_pack parameter "
+                         f"({TIERS[tier_default]})\n"
+                         f"CFLAGS_uvm_pt_pack.o += -DUVM_PT_PACK_DEFAULT={tier_default}\n"
+                         f"CFLAGS_nvidia-uvm/uvm_pt_pack.o += -DUVM_PT_PACK_DEFAULT={tier_default}\n")
+        if "uvm_pt_pack.c" not in (work / "nvidia-uvm/nvidia-uvm-sources.Kbuild").read_text():
+            raise PatchDoesNotApply("the patched tree does not list uvm_pt_pack.c (patch incomplete)")
+        marker = {
+            "format": 1,
+            "source": str(source),
+            "version": result["version"],
+            "branch": sel.branch,
+            "match": sel.match,
+            "qualification": sel.qualification,
+            "verified_on": sel.verified_on,
+            "tier_default": tier_default,
+            "patches": {str(p.relative_to(manifest.root)): _sha256(p) for p in sel.patches},
+            "pool": {f.name: _sha256(f) for f in manifest.pool_files},
+        }
+        (work / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        os.rename(work, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    marker["dest"] = str(dest)
+    return marker
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+def register(root_group) -> None:
+    """Called by cli.py: adds the `patch` group."""
+    root_group.add_command(patch_group)
+
+
+@click.group("patch")
+def patch_group():
+    """Prepare patched NVIDIA sources (page-table packing hooks)."""
+
+
+def _print(doc: dict, as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for line in lines:
+            click.echo(line)
+
+
+@patch_group.command("apply")
+@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="NVIDIA open kernel-module tree (/usr/src layout = upstream kernel-open/).")
+@click.option("--dest", "dest", required=True, type=click.Path(path_type=Path),
+              help="New directory to receive the patched copy (must not exist).")
+@click.option("--tier-default", type=click.IntRange(0, 2), default=None,
+              help="Build-time default of uvm_pt_pack: 0 off, 1 4 KiB slots, 2 256 B tier (opt-in).")
+@click.option("--allow-untested", is_flag=True,
+              help="Apply the nearest branch's patch to a version the manifest does not list, if clean.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def apply_cmd(source, dest, tier_default, allow_untested, as_json):
+    """Copy SOURCE to DEST, add the pool, apply the driver branch's patch with zero fuzz."""
+    m = apply_patch(source, dest, tier_default, allow_untested=allow_untested)
+    lines = [f"patched NVIDIA {m['version']} ({m['branch']}, {m['qualification']}) into {m['dest']}"]
+    if m["qualification"] == "untested":
+        lines.append("warning: this patch is UNTESTED for this driver version")
+    _print(m, as_json, lines)
+    return 0
+
+
+@patch_group.command("check")
+@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--allow-untested", is_flag=True)
+@click.option("--json", "as_json", is_flag=True)
+def check_cmd(source, allow_untested, as_json):
+    """Dry run: read the version, select the patch and check it applies with zero fuzz (writes nothing)."""
+    r = check_source(source, allow_untested=allow_untested)
+    r.pop("_selection", None)
+    _print(r, as_json, [f"NVIDIA {r['version']}: {r['branch']} patch ({r['match']} match, "
+                        f"{r['qualification']}) applies cleanly"])
+    return 0
+
+
+@patch_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(as_json):
+    """Driver versions the manifest knows, with their branch and qualification."""
+    m = load_manifest()
+    rows = []
+    for e in m.entries:
+        what = ", ".join(e.versions) if e.versions else f">={e.range_min or '0'} <{e.range_below or 'inf'}"
+        rows.append({"versions": e.versions, "range": [e.range_min, e.range_below] if not e.versions else None,
+                     "branch": e.branch, "qualification": e.qualification, "verified_on": e.verified_on,
+                     "_what": what})
+    _print({"drivers": [{k: v for k, v in r.items() if k != "_what"} for r in rows]}, as_json,
+           [f"{r['_what']:<40} {r['branch']:<6} {r['qualification']}"
+            + (f" ({'; '.join(r['verified_on'])})" if r["verified_on"] else "") for r in rows])
+    return 0
