@@ -55,8 +55,10 @@ static int pt_pack_get_page(void *ctx, struct page **page, u64 *gpu_addr)
 
     memset(&backing, 0, sizeof(backing));
     status = phys_mem_allocate_sysmem(tree, PAGE_SIZE, &backing);
+    if (status == NV_ERR_NO_MEMORY)
+        return -ENOMEM;
     if (status != NV_OK)
-        return nv_status_to_errno(status);
+        return -EIO;
 
     *page = backing.handle.page;
     *gpu_addr = backing.addr.address;
