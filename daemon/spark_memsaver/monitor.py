@@ -1,0 +1,279 @@
+"""Monitoring: samples of the page-table counters and memory, a bounded history, Prometheus metrics, and the
+event sources that wake the daemon (module uevents, new driver sources or kernels).
+
+Event-driven by design: the only periodic timer is the sampling interval (config.interval, default 60 s,
+GLib.timeout_add_seconds so wake-ups coalesce). Module load/unload arrives as a kernel uevent on netlink
+(pyudev, ``source="kernel"``: works without udevd and in containers), driver sources and kernels as inotify
+events (Gio.FileMonitor). A burst of file events is settled by one one-shot timer (SETTLE_S) that is armed
+only by an event.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import tempfile
+import time
+from typing import Callable
+
+from . import observe
+from .host import Host
+
+log = logging.getLogger("spark_memsaver.monitor")
+
+# Kernel modules whose load/unload matters (uevent DEVPATH=/module/<name>, sys_name = module name).
+WATCHED_MODULES = ("nvidia", "nvidia_uvm")
+# Directories whose entries appear with a new driver source (/usr/src/nvidia-<ver>) or kernel (/lib/modules/<k>).
+WATCHED_DIRS = ("/usr/src", "/lib/modules")
+SETTLE_S = 5
+
+
+def packing_active(uvm: dict) -> bool:
+    """Our module is loaded, its counters parse, packing is on and at least one GPU qualified."""
+    p = uvm.get("packing") or {}
+    if not (uvm.get("loaded") and uvm.get("patched")) or not p or "error" in p:
+        return False
+    if p.get("tier") == "off":
+        return False
+    return not (p.get("trees_packed", 0) == 0 and p.get("trees_unpacked", 0) > 0)
+
+
+def take_sample(host: Host, reason: str) -> dict:
+    """One sample: cheap reads only (sysfs counters, /proc/meminfo); safe on the main loop."""
+    uvm = observe.observe_uvm(host)
+    mem = observe.observe_memory(host, uvm)
+    p = uvm.get("packing") or {}
+    return {
+        "time": round(time.time(), 3),
+        "reason": reason,
+        "mem_total": mem["total"],
+        "mem_available": mem["available"],
+        "uvm_loaded": uvm["loaded"],
+        "uvm_patched": uvm["patched"],
+        "packing_active": packing_active(uvm),
+        "tier": p.get("tier") if "error" not in p else None,
+        "backing_bytes": mem["pagetable_backing"],
+        "stock_bytes": mem["pagetable_stock_equivalent"],
+        "saved_bytes": mem["saved"],
+        "counters_error": p.get("error"),
+        "_uvm": uvm,   # dropped from the history; the daemon merges it into the status document
+    }
+
+
+_METRICS = (
+    ("pagetable_backing_bytes", "backing_bytes", "Bytes of CPU memory backing GPU page tables (patched nvidia-uvm)."),
+    ("pagetable_stock_bytes", "stock_bytes", "Bytes the same page tables would take in the stock nvidia-uvm."),
+    ("saved_bytes", "saved_bytes", "Bytes saved by page-table packing."),
+    ("memory_total_bytes", "mem_total", "Total memory (MemTotal)."),
+    ("memory_available_bytes", "mem_available", "Available memory (MemAvailable)."),
+)
+
+
+def prometheus_text(sample: dict, state: str, version: str) -> str:
+    out = []
+    for metric, key, help_ in _METRICS:
+        value = sample.get(key)
+        if value is None:
+            continue
+        out += [f"# HELP spark_memsaver_{metric} {help_}", f"# TYPE spark_memsaver_{metric} gauge",
+                f"spark_memsaver_{metric} {int(value)}"]
+    for metric, key, help_ in (("packing_active", "packing_active", "1 when packing is active."),
+                               ("uvm_patched", "uvm_patched", "1 when the loaded nvidia-uvm is ours.")):
+        out += [f"# HELP spark_memsaver_{metric} {help_}", f"# TYPE spark_memsaver_{metric} gauge",
+                f"spark_memsaver_{metric} {1 if sample.get(key) else 0}"]
+    safe_state = "".join(c for c in state if c.isalnum() or c in "-_")
+    safe_version = "".join(c for c in version if c.isalnum() or c in ".-_+~")
+    out += ["# HELP spark_memsaver_info State of spark-memsaver (label state).", "# TYPE spark_memsaver_info gauge",
+            f'spark_memsaver_info{{state="{safe_state}",version="{safe_version}"}} 1',
+            "# HELP spark_memsaver_sample_timestamp_seconds When the sample was taken.",
+            "# TYPE spark_memsaver_sample_timestamp_seconds gauge",
+            f"spark_memsaver_sample_timestamp_seconds {sample['time']}"]
+    return "\n".join(out) + "\n"
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write beside the target, then rename over it: node_exporter never reads a half-written file."""
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".spark-memsaver.", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Monitor:
+    """Owns the sampling timer, the history ring and the event watches. Main loop only."""
+
+    def __init__(self, host: Host, config, *, on_sample: Callable[[dict], None],
+                 on_module_event: Callable[[str, str], None], on_paths_changed: Callable[[list[str]], None],
+                 state_of: Callable[[], str] = lambda: "unknown", version: str = ""):
+        self.host = host
+        self.config = config
+        self.history: collections.deque = collections.deque(maxlen=config.history_size)
+        self._on_sample = on_sample
+        self._on_module_event = on_module_event
+        self._on_paths_changed = on_paths_changed
+        self._state_of = state_of
+        self._version = version
+        self._timer = None
+        self._settle = None
+        self._changed_paths: list[str] = []
+        self._udev = None
+        self._udev_watch = None
+        self._file_monitors = []
+        self._prom_warned = False
+        self.events_seen = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._arm_timer()
+        self._start_udev()
+        self._start_file_monitors()
+
+    def stop(self) -> None:
+        from gi.repository import GLib
+
+        for sid in (self._timer, self._settle, self._udev_watch):
+            if sid:
+                GLib.source_remove(sid)
+        self._timer = self._settle = self._udev_watch = None
+        for m in self._file_monitors:
+            m.cancel()
+        self._file_monitors = []
+        self._udev = None
+
+    def reconfigure(self, config) -> None:
+        old = self.config
+        self.config = config
+        if config.history_size != old.history_size:
+            self.history = collections.deque(self.history, maxlen=config.history_size)
+        if config.interval != old.interval:
+            from gi.repository import GLib
+            if self._timer:
+                GLib.source_remove(self._timer)
+            self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        from gi.repository import GLib
+
+        self._timer = GLib.timeout_add_seconds(self.config.interval, self._on_timer)
+
+    def _on_timer(self) -> bool:
+        self.sample("interval")
+        return True
+
+    # --- sampling ----------------------------------------------------------------------------------
+    def sample(self, reason: str) -> dict:
+        try:
+            s = take_sample(self.host, reason)
+        except Exception as e:  # never let a sampling bug stop the loop
+            log.exception("sampling failed")
+            s = {"time": round(time.time(), 3), "reason": reason, "error": f"{type(e).__name__}: {e}"}
+        uvm = s.pop("_uvm", None)
+        self.history.append(s)
+        if self.config.prometheus_textfile:
+            self._write_prometheus(s)
+        self._on_sample(dict(s, _uvm=uvm))
+        return s
+
+    def _write_prometheus(self, s: dict) -> None:
+        path = str(self.host.path(self.config.prometheus_textfile))
+        try:
+            write_atomic(path, prometheus_text(s, self._state_of(), self._version))
+            self._prom_warned = False
+        except OSError as e:
+            if not self._prom_warned:   # once per failure streak, not once a minute
+                log.warning("cannot write Prometheus textfile %s: %s", path, e.strerror or e)
+                self._prom_warned = True
+
+    # --- module uevents (kernel netlink) -----------------------------------------------------------
+    def _start_udev(self) -> None:
+        from gi.repository import GLib
+
+        try:
+            import pyudev
+
+            mon = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
+            mon.filter_by("module")
+            mon.start()
+        except Exception as e:  # no netlink (sandbox), no libudev: run on, say so once
+            log.warning("module events unavailable (%s: %s); module loads are seen at the next sample",
+                        type(e).__name__, e)
+            return
+        self._udev = mon
+        self._udev_watch = GLib.io_add_watch(mon.fileno(), GLib.PRIORITY_DEFAULT, GLib.IO_IN, self._on_udev_ready)
+        log.debug("listening for module uevents on kernel netlink")
+
+    def _on_udev_ready(self, _fd, _cond) -> bool:
+        mon = self._udev
+        if mon is None:
+            return False
+        while True:
+            try:
+                dev = mon.poll(timeout=0)
+            except Exception as e:
+                log.warning("reading a uevent failed: %s", e)
+                break
+            if dev is None:
+                break
+            self.events_seen += 1
+            name, action = dev.sys_name, dev.action
+            if name in WATCHED_MODULES and action in ("add", "remove"):
+                log.info("uevent: module %s %s", name, action)
+                try:
+                    self._on_module_event(action, name)
+                except Exception:
+                    log.exception("handling the %s uevent of %s failed", action, name)
+            else:
+                log.debug("uevent: %s module %s (not watched)", action, name)
+        return True
+
+    # --- driver sources and kernels (inotify) ------------------------------------------------------
+    def _start_file_monitors(self) -> None:
+        from gi.repository import Gio
+
+        for d in WATCHED_DIRS:
+            path = str(self.host.path(d))
+            if not os.path.isdir(path):
+                log.debug("not watching %s: no such directory", path)
+                continue
+            try:
+                m = Gio.File.new_for_path(path).monitor_directory(Gio.FileMonitorFlags.WATCH_MOVES, None)
+            except Exception as e:
+                log.warning("cannot watch %s: %s", path, e)
+                continue
+            m.connect("changed", self._on_file_changed)
+            self._file_monitors.append(m)
+            log.debug("watching %s", path)
+
+    def _on_file_changed(self, _monitor, file, _other, event) -> None:
+        from gi.repository import Gio, GLib
+
+        relevant = (Gio.FileMonitorEvent.CREATED, Gio.FileMonitorEvent.DELETED, Gio.FileMonitorEvent.MOVED_IN,
+                    Gio.FileMonitorEvent.MOVED_OUT, Gio.FileMonitorEvent.RENAMED)
+        if event not in relevant:
+            return
+        p = file.get_path()
+        log.debug("file event %s: %s", event.value_nick, p)
+        if p not in self._changed_paths:
+            self._changed_paths.append(p)
+        if self._settle is None:   # one-shot; further events in the window join this one
+            self._settle = GLib.timeout_add_seconds(SETTLE_S, self._on_settled)
+
+    def _on_settled(self) -> bool:
+        self._settle = None
+        paths, self._changed_paths = self._changed_paths, []
+        log.info("driver sources / kernels changed: %s", ", ".join(paths))
+        try:
+            self._on_paths_changed(paths)
+        except Exception:
+            log.exception("handling changed paths failed")
+        return False
