@@ -25,6 +25,7 @@ LAZY_COMMANDS = {
     "mok": "mok",
     "activate": "lifecycle", "rollback": "lifecycle", "reconcile": "lifecycle",
     "validate": "validate",
+    "history": "client",
 }
 
 
