@@ -1,0 +1,209 @@
+"""Intent and rollback records: what a multi-step operation is doing, written before it does it.
+
+Every multi-step operation (register, build, install, remove, rollback) writes an *intent* record under
+``/var/lib/spark-memsaver/intents/`` before its first side effect and deletes it after its last one. A
+record still present at the next start means the operation was interrupted (power cut, kill -9, OOM); the
+reconciler (reconcile.py) then finishes or undoes it. *Rollback* records
+(``/var/lib/spark-memsaver/rollbacks/<kernel>.json``) say why our module was taken away from a kernel;
+they are what ``status`` reports as ``rolled-back`` until the patch is back.
+
+Writes are atomic: a temporary file in the same directory, fsync, rename over the target, fsync of the
+directory. A reader therefore sees the old record or the new one, never a torn one; a record that is
+still unreadable (disk corruption, a hand edit) is reported and replaced, never trusted.
+
+Record fields (schema 1), kept compatible with observe.observe_records / decide.evaluate:
+  intent:   schema, id, op, kernel, started, pid, phase, driver_version, reason, details
+  rollback: schema, kernel, time, reason, remedy, from_driver, to_driver, code
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+
+from .host import Host
+
+STATE_DIR = "/var/lib/spark-memsaver"
+INTENTS = f"{STATE_DIR}/intents"
+ROLLBACKS = f"{STATE_DIR}/rollbacks"
+HISTORY = f"{STATE_DIR}/history.jsonl"
+SCHEMA = 1
+OPS = ("register", "build", "install", "remove", "rollback", "activate")
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _name(s: str | None) -> str:
+    return _SAFE.sub("_", s or "all")
+
+
+def atomic_write(path, data: bytes | str, mode: int = 0o644) -> None:
+    """Replace ``path`` atomically (tmp + fsync + rename + fsync of the directory)."""
+    path = os.fspath(path)
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(d)
+
+
+def _fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unlink(path) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    _fsync_dir(os.path.dirname(os.fspath(path)))
+    return True
+
+
+def _load_dir(host: Host, sub: str) -> tuple[list[dict], list[str]]:
+    good, bad = [], []
+    for name in host.listdir(sub):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        p = f"{sub}/{name}"
+        try:
+            rec = json.loads(host.read_text(p) or "")
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            bad.append(p)
+            continue
+        rec.setdefault("id", name[:-5])
+        rec["_path"] = p
+        good.append(rec)
+    return good, bad
+
+
+# --- intents -------------------------------------------------------------------------------------
+
+def intent_id(op: str, kernel: str | None) -> str:
+    return f"{op}-{_name(kernel)}"
+
+
+def write_intent(host: Host, op: str, kernel: str | None = None, phase: str = "started", **details) -> dict:
+    if op not in OPS:
+        raise ValueError(f"unknown operation {op!r}")
+    iid = intent_id(op, kernel)
+    rec = {"schema": SCHEMA, "id": iid, "op": op, "kernel": kernel, "started": now(), "pid": os.getpid(),
+           "phase": phase}
+    rec.update({k: v for k, v in details.items() if v is not None})
+    atomic_write(host.path(f"{INTENTS}/{iid}.json"), json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    return rec
+
+
+def update_intent(host: Host, rec: dict, **changes) -> dict:
+    rec = {k: v for k, v in rec.items() if not k.startswith("_")}
+    rec.update(changes)
+    atomic_write(host.path(f"{INTENTS}/{rec['id']}.json"), json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    return rec
+
+
+def clear_intent(host: Host, rec_or_id) -> bool:
+    iid = rec_or_id["id"] if isinstance(rec_or_id, dict) else rec_or_id
+    return _unlink(host.path(f"{INTENTS}/{iid}.json"))
+
+
+def list_intents(host: Host) -> tuple[list[dict], list[str]]:
+    """(readable intents, paths of unreadable ones)."""
+    return _load_dir(host, INTENTS)
+
+
+def drop_unreadable(host: Host, path: str) -> None:
+    """An unreadable record is moved aside (kept for a human), never trusted and never left to block."""
+    src = host.path(path)
+    with contextlib.suppress(OSError):
+        os.rename(src, f"{src}.corrupt")
+        _fsync_dir(os.path.dirname(os.fspath(src)))
+
+
+@contextlib.contextmanager
+def intent(host: Host, op: str, kernel: str | None = None, **details):
+    """Write an intent before the body runs; delete it when the body completes.
+
+    If the body raises, the record stays (with the error) so the next reconcile finishes or undoes it.
+    """
+    rec = write_intent(host, op, kernel, **details)
+    try:
+        yield rec
+    except BaseException as e:
+        with contextlib.suppress(Exception):
+            update_intent(host, rec, phase="failed", error=f"{type(e).__name__}: {e}"[:500])
+        raise
+    clear_intent(host, rec)
+
+
+# --- rollbacks -----------------------------------------------------------------------------------
+
+def write_rollback(host: Host, kernel: str, reason: str, remedy: str = "", code: str = "rolled-back",
+                   **details) -> dict:
+    rec = {"schema": SCHEMA, "kernel": kernel, "time": now(), "reason": reason, "remedy": remedy, "code": code}
+    rec.update({k: v for k, v in details.items() if v is not None})
+    atomic_write(host.path(f"{ROLLBACKS}/{_name(kernel)}.json"), json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    append_history(host, {"event": "rolled-back", **rec})
+    return rec
+
+
+def clear_rollback(host: Host, kernel: str) -> bool:
+    if _unlink(host.path(f"{ROLLBACKS}/{_name(kernel)}.json")):
+        append_history(host, {"event": "rollback-cleared", "kernel": kernel, "time": now()})
+        return True
+    return False
+
+
+def list_rollbacks(host: Host) -> tuple[list[dict], list[str]]:
+    return _load_dir(host, ROLLBACKS)
+
+
+def append_history(host: Host, event: dict, keep: int = 500) -> None:
+    """A bounded, append-only event log (what reconcile/rollback did), for `status` and humans."""
+    p = host.path(HISTORY)
+    try:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        lines = []
+        with contextlib.suppress(FileNotFoundError):
+            lines = p.read_text(errors="replace").splitlines()[-(keep - 1):]
+        lines.append(json.dumps({k: v for k, v in event.items() if not k.startswith("_")}, sort_keys=True))
+        atomic_write(p, "\n".join(lines) + "\n")
+    except OSError:
+        pass
+
+
+def read_history(host: Host, last: int = 20) -> list[dict]:
+    out = []
+    for line in (host.read_text(HISTORY) or "").splitlines()[-last:]:
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out

@@ -1,0 +1,353 @@
+"""Reconcile: what must change so that no kernel selects a UVM built for another driver. Pure; no I/O.
+
+Input: a snapshot (observe.snapshot), the config, the manifest's verdict per driver version
+(``support = {"550.163.01": {"supported": True}, "9.9": {"supported": False, "reason": "..."}}``) and
+optionally the intent/rollback records (they are in the snapshot's ``records``). Output: a plan, an
+ordered list of steps that lifecycle.py executes through dkms.py.
+
+The path a newcomer looks for, "driver upgrade -> rollback":
+  apt (systemd/apt/) or dpkg trigger (systemd/dpkg/) or the daemon at start
+    -> lifecycle.reconcile() -> reconcile.plan()   [this module: decides]
+    -> lifecycle.execute()   -> dkms.remove()/build()/install()   [acts]
+    -> intents.write_rollback()  -> status shows `rolled-back` with the reason (decide.py)
+and, independent of all of them at module load time, systemd/guard/uvm-guard (docs/lifecycle.md).
+
+Order of a plan: recover interrupted operations first, then every safety removal (a selected override
+whose driver differs from the kernel's nvidia.ko), then rollback records, then rebuilds. A rebuild is
+only ever planned for the driver version installed for that kernel, and only when the manifest
+supports it; anything else stays stock with a reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from .config import Config
+
+# Secure Boot states in which a module we sign will load (same as decide.SB_LOADABLE).
+SB_LOADABLE = ("not-needed", "enrolled")
+# Rollback codes after which we do not retry the same driver automatically (would fail again).
+NO_AUTO_RETRY = ("build-failed", "patch-failed", "install-failed")
+DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d{1,3}(?:\.\d{1,3})?$")
+
+
+@dataclass
+class Step:
+    action: str
+    kernel: str | None = None
+    reason: str = ""
+    driver_from: str | None = None
+    driver_to: str | None = None
+    intent: str | None = None          # id of the intent record this step finishes/undoes
+    path: str | None = None
+    code: str | None = None            # rollback code for record-rollback
+    remedy: str = ""
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
+
+
+# Actions that change the system (the rest only explain).
+ACTING = ("undo-intent", "finish-intent", "clear-intent", "drop-record", "remove-override",
+          "record-rollback", "clear-rollback", "build-install", "reload-uvm")
+INFO = ("ok", "stay-stock", "blocked")
+
+
+def base_version(v: str | None) -> str | None:
+    """The NVIDIA driver version a module version string names: '550.163.01-spark1' -> '550.163.01'."""
+    if not v:
+        return None
+    v = v.strip()
+    return re.split(r"[-+~ ]", v, maxsplit=1)[0] or None
+
+
+def upstream_of_deb(v: str | None) -> str | None:
+    """Debian package version -> upstream driver version: '1:555.58.02-1' -> '555.58.02' (or None)."""
+    if not v or v == "-":
+        return None
+    v = v.split(":", 1)[-1]
+    up = v.rsplit("-", 1)[0] if "-" in v else v
+    up = re.split(r"[+~]", up, maxsplit=1)[0]
+    return up if DRIVER_VERSION_RE.match(up) else None
+
+
+def _in_policy(k: dict, config: Config) -> tuple[bool, str]:
+    if config.kernels == "all":
+        return True, ""
+    if k.get("page_size") == 65536:
+        return True, ""
+    ps = k.get("page_size")
+    what = f"{ps // 1024} KiB pages" if ps else "an unknown page size"
+    return False, f"kernel {k['release']} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels"
+
+
+def _sources(snap: dict) -> dict[str, dict]:
+    return {s["version"]: s for s in (snap.get("driver") or {}).get("sources", []) if s.get("version")}
+
+
+def _rollback_for(records: dict, kernel: str) -> dict | None:
+    found = [r for r in records.get("rollbacks", []) if r.get("kernel") == kernel]
+    return sorted(found, key=lambda r: str(r.get("time", "")))[-1] if found else None
+
+
+def why_not_build(k: dict, snap: dict, config: Config, support: dict) -> str | None:
+    """None if we can build for kernel ``k`` now; else the reason it stays stock."""
+    rel = k["release"]
+    ok, why = _in_policy(k, config)
+    if not ok:
+        return why
+    nv = (k.get("nvidia_selected") or {}).get("version")
+    drv = base_version(nv)
+    if not drv:
+        return f"no nvidia.ko is installed for kernel {rel}, so there is no driver to build against"
+    sup = support.get(drv) or {"supported": False, "reason": f"driver {drv} is not in the patch manifest"}
+    if not sup.get("supported"):
+        return sup.get("reason") or f"driver {drv} is not supported by this spark-memsaver release"
+    src = _sources(snap).get(drv)
+    if not src:
+        return f"the NVIDIA open kernel-module source for {drv} (/usr/src/nvidia-*-{drv}) is not installed"
+    if not src.get("open", True):
+        return f"{src.get('path')} is not an open kernel-module tree (no nvidia-uvm/ or Kbuild)"
+    if not k.get("headers"):
+        return f"kernel headers for {rel} are not installed (install linux-headers-{rel})"
+    sb = (snap.get("secure_boot") or {}).get("state", "unknown")
+    if sb not in SB_LOADABLE:
+        return (f"Secure Boot state is '{sb}': a module signed now would not load; "
+                "run 'spark-memsaver mok status'")
+    if not (snap.get("dkms") or {}).get("available", True):
+        return "dkms is not installed"
+    return None
+
+
+def _intent_steps(snap: dict, alive_pids: set[int] | None) -> tuple[list[Step], set[str]]:
+    """Steps for interrupted operations; also the kernels whose state they touch."""
+    steps: list[Step] = []
+    touched: set[str] = set()
+    records = snap.get("records") or {}
+    kernels = {k["release"]: k for k in snap.get("kernels", [])}
+    for path in records.get("unreadable", []):
+        steps.append(Step("drop-record", path=path,
+                          reason="record is not valid JSON; it is set aside and state re-derived from the system"))
+    for it in sorted(records.get("intents", []), key=lambda r: str(r.get("started", ""))):
+        iid = it.get("id") or f"{it.get('op')}-{it.get('kernel') or 'all'}"
+        op, kern = it.get("op"), it.get("kernel")
+        if alive_pids is not None and it.get("pid") in alive_pids:
+            steps.append(Step("blocked", kern, f"'{op}' is still running (pid {it.get('pid')})", intent=iid))
+            continue
+        k = kernels.get(kern) if kern else None
+        sel = (k or {}).get("uvm_selected") or {}
+        nv = base_version(((k or {}).get("nvidia_selected") or {}).get("version"))
+        consistent = bool(sel.get("patched")) and base_version(sel.get("version")) == nv and nv is not None
+        if kern and op != "activate" and not (op == "install" and consistent):
+            touched.add(kern)
+        if op in ("remove", "rollback"):
+            # Taking our module away is always safe to repeat: finish it.
+            steps.append(Step("finish-intent", kern, f"interrupted '{op}' is finished (override removed, stock "
+                              "verified)", intent=iid, driver_from=it.get("driver_from"),
+                              driver_to=it.get("driver_to"), code=it.get("code") if op == "rollback" else None,
+                              remedy=it.get("remedy", "")))
+        elif op == "install" and consistent:
+            steps.append(Step("clear-intent", kern, "interrupted 'install' had completed: our module is "
+                              f"selected and matches nvidia.ko {nv}", intent=iid))
+        elif op == "activate":
+            steps.append(Step("reload-uvm", kern, "interrupted 'activate': make sure an nvidia-uvm is loaded "
+                              "(the guard picks the right one)", intent=iid))
+        else:
+            # register/build/install half-done: undo to stock; the per-kernel plan rebuilds if it can.
+            steps.append(Step("undo-intent", kern, f"interrupted '{op}' is undone (partial build/installation "
+                              "removed, stock verified)", intent=iid, driver_to=it.get("driver_version")))
+    return steps, touched
+
+
+def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids: set[int] | None = None,
+         kernels: list[str] | None = None, rebuild: bool | None = None) -> list[Step]:
+    """The reconcile plan. ``kernels`` limits it to those releases; ``rebuild`` False plans only safety."""
+    support = support or {}
+    rebuild = config.auto_build if rebuild is None else rebuild
+    records = snap.get("records") or {}
+    steps, undone = _intent_steps(snap, alive_pids)
+    if any(s.action == "blocked" for s in steps):
+        return steps  # another operation is running: do nothing else now
+    removals: list[Step] = []
+    records_out: list[Step] = []
+    builds: list[Step] = []
+    for k in snap.get("kernels", []):
+        rel = k["release"]
+        if kernels is not None and rel not in kernels:
+            continue
+        sel = k.get("uvm_selected") or {}
+        nv = base_version((k.get("nvidia_selected") or {}).get("version"))
+        ours = bool(sel.get("patched"))
+        built_for = base_version(sel.get("version"))
+        rb = _rollback_for(records, rel)
+        if sel.get("error"):
+            steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel['error']}"))
+            continue
+        if ours and built_for and nv and built_for == nv and rel not in undone:
+            steps.append(Step("ok", rel, f"our nvidia-uvm for {nv} is selected beside nvidia.ko {nv}",
+                              driver_to=nv))
+            if rb:
+                records_out.append(Step("clear-rollback", rel, "the patched module is back", driver_to=nv))
+            continue
+        removed_reason = None
+        if ours and not (built_for and built_for == nv):
+            if not nv:
+                removed_reason = f"no nvidia.ko is installed for kernel {rel} any more (override was for {built_for})"
+            elif not built_for:
+                removed_reason = f"our module's version string is unreadable ({sel.get('version')!r})"
+            else:
+                removed_reason = f"NVIDIA driver changed from {built_for} to {nv}"
+            if rel not in undone:
+                removals.append(Step("remove-override", rel, removed_reason, driver_from=built_for, driver_to=nv))
+        why = why_not_build(k, snap, config, support)
+        if why is None and rb and rb.get("code") in NO_AUTO_RETRY and base_version(rb.get("driver_to")) == nv:
+            why = (f"the last build for driver {nv} failed ({rb.get('reason')}); "
+                   "run 'spark-memsaver install' to retry")
+        if why is None and not rebuild:
+            why = "automatic builds are off (auto_build: false)"
+        if why is None:
+            builds.append(Step("build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
+                               else f"no build of our module for kernel {rel} and driver {nv}",
+                               driver_from=built_for, driver_to=nv))
+        elif removed_reason:
+            records_out.append(Step("record-rollback", rel, f"{removed_reason}; {why}", driver_from=built_for,
+                                    driver_to=nv, code=_rollback_code(why), remedy=_remedy(why)))
+        else:
+            steps.append(Step("stay-stock", rel, why, driver_to=nv))
+    # Loaded modules: a patched UVM loaded beside a different nvidia (only possible if forced by hand).
+    uvm = snap.get("uvm") or {}
+    loaded_nv = base_version((snap.get("driver") or {}).get("loaded_version"))
+    if uvm.get("loaded") and uvm.get("patched") and loaded_nv and base_version(uvm.get("version")) != loaded_nv:
+        holders = snap.get("holders") or []
+        if holders:
+            steps.append(Step("blocked", None, "a patched nvidia-uvm for {} is loaded beside nvidia {} and is in use "
+                              "by {}".format(base_version(uvm.get("version")), loaded_nv,
+                                             ", ".join(f"{h.get('comm')}[{h.get('pid')}]" for h in holders)),
+                              remedy="Stop the CUDA processes, then run 'spark-memsaver rollback', or reboot."))
+        else:
+            removals.append(Step("reload-uvm", None, "a patched nvidia-uvm for {} is loaded beside nvidia {}: "
+                                 "unloading it (no users) and loading the selected one".format(
+                                     base_version(uvm.get("version")), loaded_nv)))
+    recover = [s for s in steps if s.action in ACTING]
+    info = [s for s in steps if s.action in INFO]
+    return recover + removals + records_out + builds + info
+
+
+def _rollback_code(why: str) -> str:
+    if "manifest" in why or "not supported" in why:
+        return "driver-unsupported"
+    if "failed" in why:
+        return "build-failed"
+    return "stock-selected"
+
+
+def _remedy(why: str) -> str:
+    if "manifest" in why or "not supported" in why:
+        return ("Nothing is broken: the stock nvidia-uvm is in use. Update spark-memsaver to a release that "
+                "supports this driver; the patch then comes back by itself.")
+    if "headers" in why:
+        return "Install the kernel headers; the build then happens by itself."
+    if "source" in why:
+        return "Install the NVIDIA open kernel-module source package for this driver."
+    return "Run 'spark-memsaver status' for details."
+
+
+def summarize(steps: list[Step]) -> dict:
+    return {"acting": sum(1 for s in steps if s.action in ACTING),
+            "steps": [s.to_dict() for s in steps]}
+
+
+# --- apt Pre-Install-Pkgs (protocol version 3) ---------------------------------------------------
+
+DRIVER_PACKAGE_RE = re.compile(
+    r"^(?:nvidia-(?:open-)?kernel-(?:source|dkms|open-dkms|common|support)(?:-[\w.+-]*)?"
+    r"|nvidia-dkms-[\w.+-]+|nvidia-driver(?:-[\w.+-]*)?|nvidia-open(?:-[\w.+-]*)?"
+    r"|linux-(?:modules|objects|signatures)-nvidia-[\w.+-]+)$")
+
+
+class HookInputError(ValueError):
+    pass
+
+
+def parse_apt_hook(text: str) -> list[dict]:
+    """Package actions from APT's Pre-Install-Pkgs protocol (version 2 or 3; version 1 = bare .deb paths).
+
+    v3 line: name old-ver old-arch old-ma direction new-ver new-arch new-ma action
+    v2 line: name old-ver direction new-ver action
+    """
+    lines = text.splitlines()
+    if not lines:
+        return []
+    head = lines[0].strip()
+    if not head.startswith("VERSION "):
+        # version 1: one .deb path per line; package name/version from the file name
+        out = []
+        for ln in lines:
+            ln = ln.strip()
+            m = re.match(r"^(?:.*/)?([^/_]+)_([^_]+)_[^_]+\.deb$", ln)
+            if m:
+                ver = m.group(2).replace("%3a", ":")
+                out.append({"name": m.group(1), "old": None, "new": ver, "action": ln})
+        return out
+    version = head.split()[1]
+    if version not in ("2", "3"):
+        raise HookInputError(f"unsupported hook protocol {head!r}")
+    try:
+        blank = lines.index("", 1)
+    except ValueError:
+        return []
+    out = []
+    for ln in lines[blank + 1:]:
+        f = ln.split()
+        if not f:
+            continue
+        if version == "3":
+            if len(f) < 9:
+                raise HookInputError(f"short v3 package line: {ln!r}")
+            name, old, new, action = f[0], f[1], f[5], " ".join(f[8:])
+        else:
+            if len(f) < 5:
+                raise HookInputError(f"short v2 package line: {ln!r}")
+            name, old, new, action = f[0], f[1], f[3], " ".join(f[4:])
+        out.append({"name": name, "old": None if old == "-" else old, "new": None if new == "-" else new,
+                    "action": action})
+    return out
+
+
+def driver_changes(actions: list[dict]) -> list[dict]:
+    """NVIDIA driver packages whose version changes or which go away in this APT run."""
+    out = []
+    for a in actions:
+        if not DRIVER_PACKAGE_RE.match(a["name"]):
+            continue
+        if a["action"] == "**CONFIGURE**":
+            continue
+        if a["action"] == "**REMOVE**" or a["new"] != a["old"]:
+            out.append({**a, "new_driver": None if a["action"] == "**REMOVE**" else upstream_of_deb(a["new"])})
+    return out
+
+
+def pre_install_plan(snap: dict, changes: list[dict]) -> list[Step]:
+    """Before dpkg unpacks: remove our override from every kernel whose driver is about to change.
+
+    A kernel keeps its override only when every changing driver package names a driver version and it
+    equals the one the override was built for (a re-install or a packaging-only bump).
+    """
+    if not changes:
+        return []
+    new_versions = {c["new_driver"] for c in changes}
+    names = ", ".join(sorted({c["name"] for c in changes}))
+    steps = []
+    for k in snap.get("kernels", []):
+        sel = k.get("uvm_selected") or {}
+        if not sel.get("patched"):
+            continue
+        built_for = base_version(sel.get("version"))
+        if new_versions == {built_for}:
+            continue
+        to = next(iter(new_versions)) if len(new_versions) == 1 else None
+        steps.append(Step("remove-override", k["release"],
+                          f"APT is about to change the NVIDIA driver ({names}) from {built_for} to "
+                          f"{to or 'another version'}", driver_from=built_for, driver_to=to))
+    return steps
