@@ -238,17 +238,17 @@ def parse_signature_lists(data: bytes, name: str = "variable", base_offset: int 
         if sig_size < GUID_SIZE + 1:
             raise MalformedSignatureList(name, f"SignatureSize {sig_size} cannot hold a 16-byte owner GUID "
                                                "and data", at)
+        fixed = _FIXED_DATA_SIZE.get(type_guid)
+        tname = SIGNATURE_TYPE_NAMES.get(type_guid, type_guid)
+        if fixed is not None and sig_size != GUID_SIZE + fixed:
+            raise MalformedSignatureList(name, f"{tname} list has SignatureSize {sig_size}, expected "
+                                               f"{GUID_SIZE + fixed}", at)
         entries_len = body - header_size
         if entries_len == 0:
             raise MalformedSignatureList(name, "signature list holds no entries", at)
         if entries_len % sig_size:
             raise MalformedSignatureList(name, f"{entries_len} bytes of entries is not a multiple of "
                                                f"SignatureSize {sig_size}", at)
-        fixed = _FIXED_DATA_SIZE.get(type_guid)
-        tname = SIGNATURE_TYPE_NAMES.get(type_guid, type_guid)
-        if fixed is not None and sig_size != GUID_SIZE + fixed:
-            raise MalformedSignatureList(name, f"{tname} list has SignatureSize {sig_size}, expected "
-                                               f"{GUID_SIZE + fixed}", at)
         if type_guid == EFI_CERT_X509 and header_size != 0:
             raise MalformedSignatureList(name, f"x509 list has SignatureHeaderSize {header_size}, expected 0", at)
         header = data[pos + ESL_HEADER_SIZE:pos + ESL_HEADER_SIZE + header_size]

@@ -1,0 +1,539 @@
+"""Secure Boot / MOK state from efivarfs, and guided enrollment (spark_memsaver.mok, spark_memsaver.efivars).
+
+What the fixtures stand in for: **EFI firmware**. This machine boots without EFI, so the variables the
+firmware and shim expose at runtime are written by these tests as byte-exact efivarfs files under a fixture
+root (``ROOT/sys/firmware/efi/efivars/<Name>-<guid>``: 4 little-endian attribute bytes + data), exactly as the
+kernel's efivarfs presents them (Documentation/filesystems/efivarfs.rst), with EFI_SIGNATURE_LISTs encoded
+here independently of the code under test (GUID bytes taken literally from the on-disk layout). The
+certificates inside are real X.509 certificates made by ``openssl`` in the test. ``mokutil`` is the real
+one; on a machine without EFI it reports "EFI variables are not supported on this system", and that path is
+tested as it is. Nothing here writes real firmware variables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver import efivars as ev
+from spark_memsaver import mok
+from spark_memsaver.errors import SecureBootUnknown
+from spark_memsaver.host import Host
+from spark_memsaver.runner import Runner
+
+pytestmark = pytest.mark.mok
+
+REPO = Path(__file__).resolve().parent.parent
+
+# On-disk (mixed-endian) GUID bytes, written out literally so the encoder under test is not trusted.
+G_GLOBAL = bytes.fromhex("61dfe48bca93d211aa0d00e098032b8c")
+G_SHIM = bytes.fromhex("50ab5d6046e00043abb63dd810dd8b23")
+G_IMGDB = bytes.fromhex("cbb219d73a3d9645a3bcdad00e67656f")
+T_X509 = bytes.fromhex("a159c0a5e494a74a87b5ab155c2bf072")
+T_SHA256 = bytes.fromhex("2616c4c14c509240aca941f936934328")
+T_X509_SHA256 = bytes.fromhex("92a4d23bc0967940b420fcf98ef103ed")  # 3bd2a492-96c0-4079-b420-fcf98ef103ed
+
+GUID_TEXT = {G_GLOBAL: "8be4df61-93ca-11d2-aa0d-00e098032b8c", G_SHIM: "605dab50-e046-4300-abb6-3dd810dd8b23",
+             G_IMGDB: "d719b2cb-3d3a-4596-a3bc-dad00e67656f"}
+VAR_GUID = {"SecureBoot": G_GLOBAL, "SetupMode": G_GLOBAL, "db": G_IMGDB, "dbx": G_IMGDB}
+
+NV, BS, RT, AT = 0x1, 0x2, 0x4, 0x20
+A_VOLATILE = BS | RT            # SecureBoot, MokListRT, MokSBStateRT ...
+A_NV = NV | BS | RT             # MokNew, MokAuth, MokDel
+A_AUTH = NV | BS | RT | AT      # db, dbx
+
+
+# --- byte builders (independent of efivars.py) -------------------------------------------------------
+
+def esl(sig_type: bytes, entries: list[bytes], owner: bytes = G_SHIM, header: bytes = b"") -> bytes:
+    size = 16 + len(entries[0])
+    body = b"".join(owner + e for e in entries)
+    return sig_type + struct.pack("<III", 28 + len(header) + len(body), len(header), size) + header + body
+
+
+def x509_list(der: bytes, owner: bytes = G_SHIM) -> bytes:
+    return esl(T_X509, [der], owner)
+
+
+def sha256_list(*blobs: bytes) -> bytes:
+    return esl(T_SHA256, [hashlib.sha256(b).digest() for b in blobs])
+
+
+def efivar(attrs: int, data: bytes) -> bytes:
+    return struct.pack("<I", attrs) + data
+
+
+# --- certificates made by openssl ---------------------------------------------------------------------
+
+def _openssl_cert(d: Path, name: str, subj: str, days: int = 36500, fmt: str = "DER") -> Path:
+    out = d / f"{name}.{fmt.lower()}"
+    subprocess.run(["openssl", "req", "-new", "-x509", "-nodes", "-days", str(days), "-subj", subj,
+                    "-newkey", "rsa:2048", "-keyout", str(d / f"{name}.key"), "-outform", fmt, "-out", str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("certs")
+    ours = _openssl_cert(d, "ours", "/CN=DKMS module signing key")
+    other = _openssl_cert(d, "other", "/O=Example Vendor/CN=Example Vendor Secure Boot CA")
+    pem = _openssl_cert(d, "pem", "/O=spark/CN=node17 Secure Boot Module Signature key", fmt="PEM")
+    return {"ours": ours.read_bytes(), "other": other.read_bytes(), "pem_path": pem,
+            "pem_der": subprocess.run(["openssl", "x509", "-in", str(pem), "-outform", "DER"], check=True,
+                                      capture_output=True).stdout,
+            "dir": d}
+
+
+def make_root(base: Path, variables: dict, cert: bytes | None = None, *, efi: bool = True,
+              cert_path: str = "/var/lib/dkms/mok.pub", os_id: str | None = None,
+              mokvar: dict | None = None, extra: dict | None = None) -> Path:
+    """A fixture root. variables: name -> raw efivarfs bytes (attributes + data)."""
+    root = base
+    root.mkdir(parents=True, exist_ok=True)
+    if efi:
+        vd = root / "sys/firmware/efi/efivars"
+        vd.mkdir(parents=True)
+        for name, raw in variables.items():
+            guid = VAR_GUID.get(name, G_SHIM)
+            (vd / f"{name}-{GUID_TEXT[guid]}").write_bytes(raw)
+        if mokvar:
+            md = root / "sys/firmware/efi/mok-variables"
+            md.mkdir(parents=True)
+            for name, data in mokvar.items():
+                (md / name).write_bytes(data)
+    if cert is not None:
+        p = root / cert_path.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(cert)
+    if os_id:
+        (root / "etc").mkdir(exist_ok=True)
+        (root / "etc/os-release").write_text(f'NAME="x"\nID={os_id}\n')
+    for rel, content in (extra or {}).items():
+        p = root / rel.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return root
+
+
+SB_ON = {"SecureBoot": efivar(A_VOLATILE, b"\x01"), "SetupMode": efivar(A_VOLATILE, b"\x00")}
+
+
+def scenarios(c) -> dict:
+    """name -> (variables, cert bytes or None, expected state, extra make_root kwargs)."""
+    ours, other = c["ours"], c["other"]
+    shim_vendor = x509_list(other)
+    moklist = efivar(A_VOLATILE, shim_vendor + sha256_list(b"grub", b"kernel") + x509_list(ours))
+    tbs = ev.parse_certificate(ours).tbs_sha256
+    s = {
+        "no-efi": ({}, ours, "not-needed", {"efi": False}),
+        "sb-off": ({"SecureBoot": efivar(A_VOLATILE, b"\x00"), "SetupMode": efivar(A_VOLATILE, b"\x00")},
+                   ours, "not-needed", {}),
+        "setup-mode": ({"SecureBoot": efivar(A_VOLATILE, b"\x01"), "SetupMode": efivar(A_VOLATILE, b"\x01")},
+                       ours, "not-needed", {}),
+        "validation-disabled": ({**SB_ON, "MokSBStateRT": efivar(A_VOLATILE, b"\x01"),
+                                 "MokListRT": efivar(A_VOLATILE, shim_vendor)}, ours, "not-needed", {}),
+        # A non-volatile MokSBStateRT could be planted at runtime; the kernel ignores it, so do we.
+        "validation-nv-ignored": ({**SB_ON, "MokSBStateRT": efivar(A_NV, b"\x01"),
+                                   "MokListRT": efivar(A_VOLATILE, shim_vendor)}, ours, "not-enrolled", {}),
+        "no-secureboot-var": ({"Boot0000": efivar(A_NV, b"\x01\x00")}, ours, "not-needed", {}),
+        "efivarfs-unmounted": ({}, ours, "unknown", {}),
+        "no-key": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor)}, None, "no-key", {}),
+        "not-enrolled": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor + sha256_list(b"x"))},
+                         ours, "not-enrolled", {}),
+        "enrolled-among-lists": ({**SB_ON, "MokListRT": moklist, "db": efivar(A_AUTH, x509_list(other))},
+                                 ours, "enrolled", {}),
+        "enrolled-split": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor),
+                            "MokListRT1": efivar(A_VOLATILE, sha256_list(b"a", b"b", b"c")),
+                            "MokListRT2": efivar(A_VOLATILE, x509_list(other) + x509_list(ours))},
+                           ours, "enrolled", {}),
+        "enrolled-db": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor),
+                         "db": efivar(A_AUTH, x509_list(other, G_IMGDB) + x509_list(ours, G_IMGDB))},
+                        ours, "enrolled", {}),
+        "enrolled-mokvar-table": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor)}, ours, "enrolled",
+                                  {"mokvar": {"MokListRT": shim_vendor + x509_list(ours)}}),
+        "pending-enroll": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor),
+                            "MokNew": efivar(A_NV, x509_list(ours)), "MokAuth": efivar(A_NV, b"\x00" * 32)},
+                           ours, "pending-enroll", {}),
+        "pending-delete": ({**SB_ON, "MokListRT": moklist, "MokDel": efivar(A_NV, x509_list(ours)),
+                            "MokDelAuth": efivar(A_NV, b"\x00" * 32)}, ours, "pending-delete", {}),
+        "blocked-dbx": ({**SB_ON, "MokListRT": moklist, "dbx": efivar(A_AUTH, sha256_list(b"bad") +
+                                                                       x509_list(ours, G_IMGDB))},
+                        ours, "blocked", {}),
+        "blocked-dbx-tbs-hash": ({**SB_ON, "MokListRT": moklist,
+                                  "dbx": efivar(A_AUTH, esl(T_X509_SHA256, [tbs + b"\x00" * 16]))},
+                                 ours, "blocked", {}),
+        "blocked-mokx": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor),
+                          "MokListXRT": efivar(A_VOLATILE, x509_list(ours))}, ours, "blocked", {}),
+        # Malformed, truncated, oversized: unknown, with the reason, never a guess.
+        "secureboot-5-data-bytes": ({"SecureBoot": efivar(A_VOLATILE, b"\x01\x00\x00\x00\x00"),
+                                     "SetupMode": efivar(A_VOLATILE, b"\x00")}, ours, "unknown", {}),
+        "secureboot-attrs-only": ({"SecureBoot": b"\x06\x00\x00", "SetupMode": efivar(A_VOLATILE, b"\x00")},
+                                  ours, "unknown", {}),
+        "secureboot-value-2": ({"SecureBoot": efivar(A_VOLATILE, b"\x02"), "SetupMode": efivar(A_VOLATILE, b"\x00")},
+                               ours, "unknown", {}),
+        "moklist-truncated": ({**SB_ON, "MokListRT": moklist[:-7]}, ours, "unknown", {}),
+        "moklist-bad-sigsize": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, esl(T_SHA256, [b"\x00" * 20]))},
+                                ours, "unknown", {}),
+        "moklist-oversized": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, b"\x00" * (ev.MAX_VARIABLE_SIZE + 64))},
+                              ours, "unknown", {}),
+        "moklist-bad-attrs": ({**SB_ON, "MokListRT": efivar(0x100 | A_VOLATILE, shim_vendor)}, ours, "unknown", {}),
+        "dbx-trailing-garbage": ({**SB_ON, "MokListRT": moklist, "dbx": efivar(A_AUTH, sha256_list(b"x") + b"\x01")},
+                                 ours, "unknown", {}),
+        "split-gap": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor),
+                       "MokListRT2": efivar(A_VOLATILE, x509_list(ours))}, ours, "unknown", {}),
+        "cert-garbage": ({**SB_ON, "MokListRT": moklist}, b"-----BEGIN PRIVATE KEY-----\nAAAA\n", "unknown", {}),
+    }
+    return s
+
+
+SCENARIO_NAMES = ["no-efi", "sb-off", "setup-mode", "validation-disabled", "validation-nv-ignored",
+                  "no-secureboot-var", "efivarfs-unmounted", "no-key", "not-enrolled", "enrolled-among-lists",
+                  "enrolled-split", "enrolled-db", "enrolled-mokvar-table", "pending-enroll", "pending-delete",
+                  "blocked-dbx", "blocked-dbx-tbs-hash", "blocked-mokx", "secureboot-5-data-bytes",
+                  "secureboot-attrs-only", "secureboot-value-2", "moklist-truncated", "moklist-bad-sigsize",
+                  "moklist-oversized", "moklist-bad-attrs", "dbx-trailing-garbage", "split-gap", "cert-garbage"]
+
+
+@pytest.fixture(scope="module")
+def roots(certs, tmp_path_factory):
+    base = tmp_path_factory.mktemp("roots")
+    out = {}
+    for name, (variables, cert, expected, kw) in scenarios(certs).items():
+        out[name] = (make_root(base / name, variables, cert, **kw), expected)
+    return out
+
+
+def test_every_scenario_is_listed(certs):
+    assert sorted(scenarios(certs)) == sorted(SCENARIO_NAMES)
+    assert {s[2] for s in scenarios(certs).values()} == set(mok.STATES)
+
+
+# --- formats ---------------------------------------------------------------------------------------------
+
+def test_guid_byte_order_matches_disk():
+    assert ev.guid_to_bytes(ev.EFI_GLOBAL_VARIABLE) == G_GLOBAL
+    assert ev.guid_to_bytes(ev.SHIM_LOCK_GUID) == G_SHIM
+    assert ev.guid_to_bytes(ev.EFI_IMAGE_SECURITY_DATABASE) == G_IMGDB
+    assert ev.guid_to_bytes(ev.EFI_CERT_X509) == T_X509
+    assert ev.guid_to_bytes(ev.EFI_CERT_SHA256) == T_SHA256
+    assert ev.guid_to_bytes(ev.EFI_CERT_X509_SHA256) == T_X509_SHA256
+    assert ev.guid_from_bytes(G_SHIM) == ev.SHIM_LOCK_GUID
+
+
+def test_parse_lists_x509_and_sha256(certs):
+    data = x509_list(certs["other"]) + sha256_list(b"a", b"b") + x509_list(certs["ours"], G_IMGDB)
+    lists = ev.parse_signature_lists(data, "MokListRT")
+    assert [sl.type_name for sl in lists] == ["x509", "sha256", "x509"]
+    assert lists[2].entries[0].data == certs["ours"]
+    assert lists[2].entries[0].owner == "d719b2cb-3d3a-4596-a3bc-dad00e67656f"
+    assert [e.data for e in lists[1].entries] == [hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest()]
+    assert lists[1].offset == len(x509_list(certs["other"]))
+    assert ev.encode_signature_list(ev.EFI_CERT_X509, [(ev.SHIM_LOCK_GUID, certs["ours"])]) == x509_list(certs["ours"])
+
+
+@pytest.mark.parametrize("mutate,exc,words", [
+    (lambda d: d[:20], ev.TruncatedVariable, "too few for a 28-byte"),
+    (lambda d: d[:-1], ev.TruncatedVariable, "runs past the end"),
+    (lambda d: d[:16] + struct.pack("<I", 27) + d[20:], ev.MalformedSignatureList, "smaller than the 28-byte"),
+    (lambda d: d[:20] + struct.pack("<I", 10 ** 6) + d[24:], ev.MalformedSignatureList, "SignatureHeaderSize"),
+    (lambda d: d[:24] + struct.pack("<I", 16) + d[28:], ev.MalformedSignatureList, "SignatureSize 16"),
+    (lambda d: d[:24] + struct.pack("<I", 47) + d[28:], ev.MalformedSignatureList, "expected 48"),
+    (lambda d: d[:16] + struct.pack("<I", 28) + d[20:28], ev.MalformedSignatureList, "no entries"),
+])
+def test_malformed_lists_are_named(mutate, exc, words):
+    good = sha256_list(b"one", b"two")
+    with pytest.raises(exc) as ei:
+        ev.parse_signature_lists(mutate(good), "dbx", base_offset=4)
+    assert words in ei.value.message and ei.value.message.startswith("dbx: ")
+
+
+def test_x509_entry_must_be_exactly_one_der_certificate(certs):
+    with pytest.raises(ev.MalformedSignatureList, match="DER encoding is"):
+        ev.parse_signature_lists(x509_list(certs["ours"] + b"\x00\x00"), "db")
+    with pytest.raises(ev.MalformedSignatureList, match="not a DER SEQUENCE"):
+        ev.parse_signature_lists(x509_list(b"\x04\x03abc"), "db")
+
+
+def test_efivarfs_attribute_checks():
+    assert ev.parse_efivarfs(b"\x06\x00\x00\x00\x01", "SecureBoot").attributes == 6
+    with pytest.raises(ev.TruncatedVariable):
+        ev.parse_efivarfs(b"\x06\x00", "SecureBoot")
+    with pytest.raises(ev.EfiFormatError, match="lacks RUNTIME_ACCESS"):
+        ev.parse_efivarfs(b"\x03\x00\x00\x00\x01", "SecureBoot")
+    with pytest.raises(ev.EfiFormatError, match="without BOOTSERVICE_ACCESS"):
+        ev.parse_efivarfs(b"\x04\x00\x00\x00\x01", "SecureBoot")
+    with pytest.raises(ev.OversizedVariable):
+        ev.parse_uint_flag(ev.parse_efivarfs(b"\x06\x00\x00\x00" + b"\x01\x00\x00", "SecureBoot"))
+    assert ev.parse_uint_flag(ev.parse_efivarfs(b"\x06\x00\x00\x00\x01\x00\x00\x00", "SecureBoot")) == 1
+
+
+def test_certificate_fields_match_openssl(certs):
+    c, enc = ev.load_certificate(certs["pem_path"].read_bytes())
+    assert enc == "pem" and c.der == certs["pem_der"]
+    text = subprocess.run(["openssl", "x509", "-in", str(certs["pem_path"]), "-noout", "-serial", "-enddate",
+                           "-fingerprint", "-sha256", "-ext", "subjectKeyIdentifier"],
+                          check=True, capture_output=True, text=True).stdout
+    assert f"serial={c.serial.hex().upper().lstrip('0')}" in text.replace("serial=0", "serial=")
+    assert c.sha256.upper() == text.split("Fingerprint=")[1].split()[0].replace(":", "")
+    skid = text.split("Subject Key Identifier:")[1].split()[0].replace(":", "").lower()
+    assert c.skid.hex() == skid
+    # The kernel's key description: O and CN share no 7-char prefix -> "O: CN: skid".
+    assert c.kernel_key_description == f"spark: node17 Secure Boot Module Signature key: {skid}"
+    year = text.split("notAfter=")[1].split("GMT")[0].split()[-1]
+    assert c.not_after.startswith(year + "-")
+
+
+# --- states, in-process and through the CLI ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SCENARIO_NAMES)
+def test_state_in_process(roots, name):
+    root, expected = roots[name]
+    sb = mok.observe(Host(root))
+    assert sb["state"] == expected, sb["reason"]
+    assert sb["reason"]
+    if expected == "unknown":
+        with pytest.raises(SecureBootUnknown):
+            mok.require_installable(sb)
+    else:
+        mok.require_installable(sb)
+    json.dumps(sb)  # JSON-able
+
+
+def _cli(*args, input=None):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    return subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", *args], capture_output=True, text=True,
+                          env=env, input=input, timeout=60)
+
+
+@pytest.mark.parametrize("name", SCENARIO_NAMES)
+def test_state_through_cli(roots, name):
+    root, expected = roots[name]
+    r = _cli("--root", str(root), "mok", "status", "--json")
+    assert "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["state"] == expected
+    assert r.returncode == {"not-needed": 0, "enrolled": 0, "unknown": 2}.get(expected, 1)
+
+
+def test_reasons_are_precise(roots):
+    def reason(n):
+        return mok.observe(Host(roots[n][0]))["reason"]
+    assert "runs past the end" in reason("moklist-truncated") and "MokListRT" in reason("moklist-truncated")
+    assert "expected 48" in reason("moklist-bad-sigsize")
+    assert "oversized" in reason("moklist-oversized")
+    assert "MokListRT2 exists but MokListRT1 does not" in reason("split-gap")
+    assert "not mounted" in reason("efivarfs-unmounted")
+    assert "dbx" in reason("dbx-trailing-garbage")
+    assert "5 data bytes" in reason("secureboot-5-data-bytes")
+    assert "CERTIFICATE block" in reason("cert-garbage")
+
+
+def test_details_of_enrolled_split(roots, certs):
+    sb = mok.observe(Host(roots["enrolled-split"][0]))
+    assert sb["where"] == ["MokListRT2"]
+    assert sb["secure_boot"] is True and sb["setup_mode"] is False and sb["validation_disabled"] is False
+    assert sb["certificate"]["sha256"] == hashlib.sha256(certs["ours"]).hexdigest()
+    assert sb["certificate"]["subject"] == "CN=DKMS module signing key"
+    assert sb["variables"]["MokListRT1"]["entries"] == {"sha256": 3}
+    assert sb["variables"]["MokListRT"]["attributes"] == "0x00000006"
+
+
+def test_where_db_and_mokvar(roots):
+    assert mok.observe(Host(roots["enrolled-db"][0]))["where"] == ["db"]
+    sb = mok.observe(Host(roots["enrolled-mokvar-table"][0]))
+    assert sb["where"] == ["MokListRT"] and sb["variables"]["MokListRT"]["source"] == "mok-variables"
+
+
+def test_status_document_carries_state(roots, tmp_path):
+    root = roots["pending-enroll"][0]
+    (root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/kernel/osrelease").write_text("6.17.0-1014-nvidia\n")
+    r = _cli("--root", str(root), "status", "--json", "--direct")
+    doc = json.loads(r.stdout)
+    assert doc["secure_boot"]["state"] == "pending-enroll"
+
+
+# --- which certificate ------------------------------------------------------------------------------------
+
+def _sb_root(base, certs, **kw):
+    return make_root(base, {**SB_ON, "MokListRT": efivar(A_VOLATILE, x509_list(certs["pem_der"]))}, **kw)
+
+
+def test_cert_from_dkms_framework_conf_d_with_kernelver(tmp_path, certs):
+    root = _sb_root(tmp_path / "r", certs, extra={
+        "/etc/dkms/framework.conf": '# mok_certificate="/nowhere"\nmok_certificate=/var/lib/dkms/wrong.der\n',
+        "/etc/dkms/framework.conf.d/50-spark.conf": 'mok_certificate="/etc/keys/$kernelver/mok.pem"  # ours\n',
+        "/proc/sys/kernel/osrelease": "6.17.0-1014-nvidia\n",
+        "/etc/keys/6.17.0-1014-nvidia/mok.pem": certs["pem_path"].read_bytes()})
+    sb = mok.observe(Host(root))
+    assert sb["certificate"]["path"] == "/etc/keys/6.17.0-1014-nvidia/mok.pem"
+    assert "50-spark.conf" in sb["certificate"]["origin"] and sb["certificate"]["encoding"] == "pem"
+    assert sb["state"] == "enrolled"
+
+
+def test_cert_ubuntu_default(tmp_path, certs):
+    root = _sb_root(tmp_path / "r", certs, cert=certs["pem_der"], cert_path=mok.UBUNTU_DEFAULT_CERT, os_id="ubuntu")
+    sb = mok.observe(Host(root))
+    assert sb["certificate"]["path"] == "/var/lib/shim-signed/mok/MOK.der" and sb["state"] == "enrolled"
+    root2 = _sb_root(tmp_path / "r2", certs, cert=certs["pem_der"], cert_path=mok.UBUNTU_DEFAULT_CERT,
+                     os_id="debian")
+    sb2 = mok.observe(Host(root2))
+    assert sb2["certificate"]["path"] == "/var/lib/dkms/mok.pub" and sb2["state"] == "no-key"
+
+
+def test_cert_option_and_unresolvable_variable(tmp_path, certs):
+    root = _sb_root(tmp_path / "r", certs, extra={"/etc/dkms/framework.conf": "mok_certificate=$dkms_tree/x\n"})
+    assert mok.observe(Host(root))["state"] == "unknown"
+    r = _cli("--root", str(root), "mok", "status", "--json", "--cert", str(certs["pem_path"]))
+    assert json.loads(r.stdout)["state"] == "enrolled" and r.returncode == 0
+
+
+# --- kernel side ------------------------------------------------------------------------------------------
+
+def test_kernel_side(tmp_path, certs):
+    c = ev.parse_certificate(certs["ours"])
+    keys = (
+        "0f1e2d3c I------     1 perm 1f0f0000     0     0 keyring   .platform: 2\n"
+        "1a2b3c4d I------     1 perm 1f0b0000     0     0 keyring   .machine: empty\n"
+        f"2b3c4d5e I------     1 perm 1f030000     0     0 asymmetri {c.kernel_key_description}: X509.rsa "
+        f"{c.skid.hex()[-8:]} []\n"
+        "3c4d5e6f I------     1 perm 1f030000     0     0 asymmetri Canonical Ltd. Master Certificate Authority: "
+        "ad91990bc22ab1f517048c23b6655a268e345a63: X509.rsa 8e345a63 []\n")
+    root = make_root(tmp_path / "r", {**SB_ON, "MokListRT": efivar(A_VOLATILE, x509_list(certs["ours"]))},
+                     certs["ours"], extra={"/proc/keys": keys,
+                                           "/sys/kernel/security/lockdown": "none [integrity] confidentiality\n",
+                                           "/sys/module/module/parameters/sig_enforce": "N\n"})
+    k = mok.observe(Host(root))["kernel"]
+    assert k["lockdown"] == "integrity" and k["sig_enforce"] is False
+    assert k["keyrings"][".platform"] == {"present": True, "keys": 2}
+    assert k["keyrings"][".machine"] == {"present": True, "keys": 0}
+    assert k["key_loaded"] is True and k["key_description"].startswith("DKMS module signing key: ")
+    (root / "proc/keys").write_text(keys.splitlines()[0] + "\n" + keys.splitlines()[3] + "\n")
+    assert mok.observe(Host(root))["kernel"]["key_loaded"] is False
+
+
+# --- the real mokutil -------------------------------------------------------------------------------------
+
+NO_EFI = not Path("/sys/firmware/efi").exists()
+
+
+def _mokutil():
+    if not Runner().which("mokutil"):
+        pytest.fail("mokutil is not installed (tools/deps/mok.txt lists it; run tests through tools/test)")
+
+
+def test_live_state_agrees_with_real_mokutil():
+    _mokutil()
+    sb = mok.observe(Host("/"))
+    r = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    if NO_EFI:
+        assert "EFI variables are not supported" in out and r.returncode != 0
+        assert sb["state"] == "not-needed" and sb["efi"] is False
+    elif "SecureBoot enabled" in out:
+        assert sb["secure_boot"] is True
+    elif "SecureBoot disabled" in out:
+        assert sb["state"] == "not-needed"
+    else:
+        assert sb["state"] == "unknown"
+
+
+def test_real_mokutil_import_without_efi_is_a_named_error(certs, tmp_path):
+    """Runs the real `mokutil --import --hash-file`; on this machine it has no EFI to write to."""
+    _mokutil()
+    if not NO_EFI:
+        pytest.skip("this machine has EFI firmware: a test must not queue a real MOK enrollment")
+    seen = {}
+
+    class Spy(Runner):      # the real runner, recording what mokutil was given while it runs
+        def run(self, argv, **kw):
+            if "--hash-file" in argv:
+                hf = argv[argv.index("--hash-file") + 1]
+                seen["mode"] = os.stat(hf).st_mode & 0o777
+                seen["hash"] = Path(hf).read_text()
+                seen["argv"] = list(argv)
+                seen["hf"] = hf
+            return super().run(argv, **kw)
+
+    der = tmp_path / "k.der"
+    der.write_bytes(certs["ours"])
+    pw = "Sp4rk one-time"
+    with pytest.raises(mok.MokutilFailed) as ei:
+        mok.run_mokutil_import(Host("/", runner=Spy()), str(der), pw)
+    assert "EFI variables are not supported" in ei.value.message
+    assert pw not in " ".join(seen["argv"]) and seen["mode"] == 0o600
+    salt = seen["hash"].split("$")[2]
+    assert seen["hash"] == mok.sha512_crypt(pw, salt) + "\n"
+    assert not os.path.exists(seen["hf"])        # removed afterwards
+
+
+def test_hash_file_format_is_what_mokutil_decodes():
+    import re
+    for pw, salt in (("abc", "saltsaltsaltsalt"), ("x" * 100, "a"), ("p@ss w0rd~", "./09AZaz")):
+        mine = mok.sha512_crypt(pw, salt)
+        ref = subprocess.run(["openssl", "passwd", "-6", "-salt", salt, "-stdin"], input=pw, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        assert mine == ref
+    h = mok.sha512_crypt("pw")
+    # mokutil decode_sha512_pass: ([./0-9A-Za-z]{1,16})?\$[./0-9A-Za-z]{86}
+    assert re.fullmatch(r"\$6\$[./0-9A-Za-z]{16}\$[./0-9A-Za-z]{86}", h)
+    assert mok.sha512_crypt("pw") != h           # a fresh salt each time
+
+
+def test_enroll_refusals_through_cli(roots, certs):
+    cases = {"enrolled-among-lists": "mok-already-enrolled", "pending-enroll": "mok-already-pending",
+             "blocked-dbx": "mok-key-blocked", "no-key": "mok-no-key", "sb-off": "mok-not-needed",
+             "moklist-truncated": "secure-boot-unknown", "pending-delete": "mok-pending-delete",
+             "not-enrolled": "unsupported"}   # the state allows it, but --root never writes real firmware
+    for name, code in cases.items():
+        r = _cli("--root", str(roots[name][0]), "mok", "enroll", "--password-stdin", "--json", input="secret\n")
+        err = json.loads(r.stdout)["error"]
+        assert err["code"] == code, (name, err)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and "secret" not in r.stdout + r.stderr
+
+
+def test_enroll_on_this_machine_without_efi():
+    if not NO_EFI:
+        pytest.skip("this machine has EFI firmware")
+    r = _cli("mok", "enroll", "--password-stdin", input="secret\n")
+    assert r.returncode == 1 and "error[mok-not-needed]" in r.stderr and "no EFI firmware" in r.stderr
+
+
+def test_password_checks():
+    with pytest.raises(mok.MokBadPassword):
+        mok.check_password("")
+    with pytest.raises(mok.MokBadPassword):
+        mok.check_password("x" * 257)
+    with pytest.raises(mok.MokBadPassword) as ei:
+        mok.check_password("pässwörd")
+    assert "pässwörd" not in ei.value.message
+    mok.check_password("a" * 256)
+
+
+def test_cancel_without_pending_request(roots):
+    r = _cli("--root", str(roots["not-enrolled"][0]), "mok", "cancel")
+    assert r.returncode == 0 and "Nothing to cancel" in r.stdout
+    r = _cli("--root", str(roots["pending-enroll"][0]), "mok", "cancel", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "unsupported"
+
+
+def test_request_enrollment_api_refuses_unknown(roots):
+    with pytest.raises(SecureBootUnknown):
+        mok.request_enrollment(Host(roots["split-gap"][0]), None, "pw")
+    with pytest.raises(mok.MokAlreadyEnrolled):
+        mok.request_enrollment(Host(roots["enrolled-db"][0]), None, "pw")
+
+
+def test_require_installable_without_observation():
+    with pytest.raises(SecureBootUnknown):
+        mok.require_installable({})
+    with pytest.raises(SecureBootUnknown):
+        mok.require_installable({"state": "something-else"})
