@@ -157,9 +157,9 @@ def authorize(con, sender: str, action: str) -> Caller:
     return Caller(sender, uid)
 
 
-def secure_by_default(cls):
+def secure_by_default(cls, methods=None):
     """Wrap every interface method: authorization first (unless @public), then named-error mapping."""
-    for name in METHODS:
+    for name in METHODS if methods is None else methods:
         impl = getattr(cls, name)
         action = getattr(impl, _MARK, names.ACTION_MANAGE)
         setattr(cls, name, _wrap(name, impl, action))
