@@ -446,11 +446,39 @@ def register(root) -> None:
     @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
     @click.option("--kernel", "kernels", multiple=True, help="Only this kernel release (repeatable).")
     @click.option("--no-rebuild", is_flag=True, help="Only the safety steps (removals, records).")
+    @click.option("--apt-pre-install", "apt_pre", is_flag=True, hidden=True,
+                  help="APT DPkg::Pre-Install-Pkgs door: read the v3 package list from $APT_HOOK_INFO_FD/stdin.")
+    @click.option("--hook", "hook", default=None, hidden=True,
+                  help="Called by a package-manager door (apt-post-invoke, dpkg-trigger, kernel-postinst): "
+                       "never fails the caller.")
     @click.pass_obj
-    def reconcile_cmd(obj, as_json, dry_run, kernels, no_rebuild):
+    def reconcile_cmd(obj, as_json, dry_run, kernels, no_rebuild, apt_pre, hook):
         """Make every kernel safe: remove overrides built for another driver, finish or undo interrupted
         operations, rebuild where the driver is supported. Exit 0 done, 3 a step failed."""
-        doc = reconcile(obj.host, obj.config, None if as_json else progress, kernels=list(kernels) or None,
+        say = None if as_json else progress
+        if apt_pre:
+            fd = int(os.environ.get("APT_HOOK_INFO_FD", "0") or 0)
+            text = os.fdopen(os.dup(fd), errors="replace").read() if fd else sys.stdin.read()
+            try:
+                doc = apt_pre_install(obj.host, obj.config, text, say)
+            except MemsaverError as e:  # never abort APT: the post step, the daemon and the guard follow
+                doc = {"ok": False, "error": e.to_dict(), "steps": []}
+                click.echo(f"spark-memsaver: pre-install check failed: {e.message}", err=True)
+            _emit(doc, as_json, [f"spark-memsaver: {s['kernel']}: override removed before unpack ({s['reason']})"
+                                 for s in doc["steps"] if s.get("ok")])
+            return 0
+        if hook:
+            try:
+                doc = reconcile(obj.host, obj.config, say)
+            except MemsaverError as e:
+                doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
+                click.echo(f"spark-memsaver ({hook}): {e.message}", err=True)
+            intents.append_history(obj.host, {"event": "hook", "source": hook, "time": intents.now(),
+                                              "acting": doc.get("acting"), "ok": doc.get("ok")})
+            shown = [x for x in doc["steps"] if x["action"] in rc.ACTING or x["action"] == "stay-stock"]
+            _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + _step_lines(shown)) if shown else [])
+            return 0
+        doc = reconcile(obj.host, obj.config, say, kernels=list(kernels) or None,
                         rebuild=False if no_rebuild else None, dry_run=dry_run)
         _emit(doc, as_json, (["plan (dry run):"] if dry_run else ["reconcile:"]) + _step_lines(doc["steps"])
               + ([] if doc["steps"] else ["  nothing to do"]))
@@ -486,32 +514,3 @@ def register(root) -> None:
             lines = [doc["message"]]
         _emit(doc, as_json, lines)
         return 0 if doc.get("activated") or doc.get("dry_run") else 1
-
-    @root.group("hook", hidden=True)
-    def hook():
-        """Entry points for the APT/dpkg/kernel hooks (not for interactive use)."""
-
-    @hook.command("apt-pre-install")
-    @click.option("--json", "as_json", is_flag=True)
-    @click.pass_obj
-    def hook_apt_pre(obj, as_json):
-        """Read APT's Pre-Install-Pkgs (v3) list on stdin (or $APT_HOOK_INFO_FD)."""
-        fd = int(os.environ.get("APT_HOOK_INFO_FD", "0") or 0)
-        text = os.fdopen(os.dup(fd), errors="replace").read() if fd else sys.stdin.read()
-        doc = apt_pre_install(obj.host, obj.config, text, None if as_json else progress)
-        _emit(doc, as_json, [f"spark-memsaver: {s['kernel']}: override removed before unpack ({s['reason']})"
-                             for s in doc["steps"] if s.get("ok")])
-        return 0
-
-    @hook.command("post")
-    @click.option("--json", "as_json", is_flag=True)
-    @click.option("--source", default="dpkg", help="Which door called (for the log).")
-    @click.pass_obj
-    def hook_post(obj, as_json, source):
-        """After dpkg (APT Post-Invoke, dpkg trigger, kernel hook): reconcile."""
-        doc = reconcile(obj.host, obj.config, None if as_json else progress)
-        intents.append_history(obj.host, {"event": "hook", "source": source, "time": intents.now(),
-                                          "acting": doc["acting"], "ok": doc["ok"]})
-        _emit(doc, as_json, [f"spark-memsaver ({source}):"] + _step_lines(
-            [s for s in doc["steps"] if s["action"] in rc.ACTING or s["action"] == "stay-stock"]))
-        return 0
