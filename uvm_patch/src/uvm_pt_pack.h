@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: MIT */
+/* SPDX-License-Identifier: GPL-2.0-only OR MIT */
 /*
  * uvm_pt_pack: packing pool for nvidia-uvm GPU page tables kept in CPU memory.
  *
@@ -118,6 +118,7 @@ struct uvm_pt_pack_class {
 struct uvm_pt_pack_pool {
 	spinlock_t lock;
 	int tier;                   /* UVM_PT_PACK_TIER_OFF => inactive */
+	int state;                  /* 0 never initialised (zero-filled), else counted state */
 	const struct uvm_pt_pack_ops *ops;
 	void *ctx;
 	struct uvm_pt_pack_class cls[UVM_PT_PACK_NR_CLASSES];

@@ -1,0 +1,1085 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR MIT */
+/*
+ * Userspace harness for uvm_patch/src/uvm_pt_pack.c, which is compiled
+ * unchanged against tests/harness/shim/ and linked in as its own object.
+ *
+ *   pt_harness unit                      deterministic unit checks
+ *   pt_harness fuzz  OPS SEED            random-op driver (single thread)
+ *   pt_harness stress OPS SEED THREADS   multi-threaded stress (run under TSan)
+ *   (pt_fuzz: the same engine driven by libFuzzer input bytes)
+ *
+ * The checker keeps its own model of every live table and backing page and
+ * compares the pool against it after every operation:
+ *   - every slot aligned for its class and inside its backing page;
+ *   - no two live tables overlap (granule ownership map per backing page,
+ *     plus a per-table byte pattern verified at free);
+ *   - a backing page is released exactly when its last table is freed;
+ *   - a table is all-zero when handed out (the checker scribbles into freed
+ *     tables whose page is still held, so a reused slot must be zeroed);
+ *   - the counters text (uvm_pt_pack_stats, parsed) equals the recomputed truth;
+ *   - every pool is empty at deinit and the global counters return to zero.
+ * A failed check prints "CHECK FAILED: <kind>: ..." and exits with status 3.
+ */
+#include "shim.h"
+#include <errno.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include "../../uvm_patch/src/uvm_pt_pack.h"
+
+extern int shim_warn_quiet;
+
+#ifndef UVM_PT_PACK_DEFAULT
+#define UVM_PT_PACK_DEFAULT_EXPECT 1
+#else
+#define UVM_PT_PACK_DEFAULT_EXPECT UVM_PT_PACK_DEFAULT
+#endif
+
+#define EXIT_CHECK 3
+#define GRANULE 256u
+#define NGRAN (PAGE_SIZE / GRANULE)
+#define MAX_TREES 8
+#define MAX_TABLES 4096
+
+static void fail(const char *kind, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+static void fail(const char *kind, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "CHECK FAILED: %s: ", kind);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(EXIT_CHECK);
+}
+#define CHECK(cond, kind, ...) do { if (!(cond)) fail(kind, __VA_ARGS__); } while (0)
+
+/* ------------------------------------------------------------------ model */
+
+struct bpage {                      /* a backing page handed out by get() */
+	struct page *page;
+	u64 base;                   /* fake GPU (DMA) address of the page start */
+	int tree;
+	int cls;                    /* -1 until its first table */
+	int live;                   /* live tables per the model */
+	bool alive;
+	int reg;                    /* index in bp_reg[] */
+	u32 owner[NGRAN];           /* table id owning each 256 B granule, 0 = free */
+};
+
+/* Every live backing page (the model's truth for pages held). Under bk. */
+static struct bpage **bp_reg;
+static int bp_n, bp_cap;
+
+static void bp_reg_add(struct bpage *bp)
+{
+	if (bp_n == bp_cap) {
+		bp_cap = bp_cap ? 2 * bp_cap : 1024;
+		bp_reg = realloc(bp_reg, bp_cap * sizeof(*bp_reg));
+		if (!bp_reg)
+			abort();
+	}
+	bp->reg = bp_n;
+	bp_reg[bp_n++] = bp;
+}
+
+static void bp_reg_del(struct bpage *bp)
+{
+	bp_reg[bp->reg] = bp_reg[--bp_n];
+	bp_reg[bp->reg]->reg = bp->reg;
+}
+
+struct table {
+	u32 id;                     /* nonzero */
+	int tree;
+	bool packed;
+	u32 size;
+	struct page *page;
+	u64 addr;
+	struct bpage *bp;           /* packed only */
+	u8 pattern;
+};
+
+struct tree {
+	struct uvm_pt_pack_pool pool;
+	pthread_mutex_t lock;       /* stands in for tree->lock */
+	bool used;
+	int tier;                   /* effective tier: OFF unless the predicate matched */
+	enum uvm_pt_pack_reason reason;
+	int idx;
+};
+
+static struct tree trees[MAX_TREES];
+static pthread_mutex_t bk = PTHREAD_MUTEX_INITIALIZER;  /* the model's lock */
+static u64 next_base = 0x100000000000ull;
+static u64 base_misalign;            /* added to get()'s address (robustness test) */
+static int get_fail_next;            /* get() returns -ENOMEM this many times */
+static long n_gets, n_puts;
+static u32 next_id = 1;
+static bool mt_mode;                 /* stress: relax checks that need quiescence */
+static long ops_done;
+static const char *last_reason_truth = "none";   /* model of unpacked_reason */
+static long pages_live_model;        /* alive bpages */
+
+/* Live-table registry (single-threaded engine). */
+static struct table live[MAX_TABLES];
+static int nlive;
+
+static int get_cb(void *ctx, struct page **page, u64 *gpu_addr)
+{
+	struct tree *t = ctx;
+	struct bpage *bp;
+	struct page *p;
+
+	pthread_mutex_lock(&bk);
+	if (get_fail_next > 0) {
+		get_fail_next--;
+		pthread_mutex_unlock(&bk);
+		return -ENOMEM;
+	}
+	pthread_mutex_unlock(&bk);
+
+	p = alloc_page(GFP_KERNEL | __GFP_ZERO);   /* NVIDIA: alloc_pages(__GFP_ZERO | ...) */
+	bp = calloc(1, sizeof(*bp));
+	if (!p || !bp)
+		fail("harness", "out of memory");
+	pthread_mutex_lock(&bk);
+	bp->page = p;
+	bp->base = next_base + base_misalign;
+	next_base += PAGE_SIZE;
+	bp->tree = t->idx;
+	bp->cls = -1;
+	bp->alive = true;
+	p->harness = bp;
+	bp_reg_add(bp);
+	n_gets++;
+	pages_live_model++;
+	pthread_mutex_unlock(&bk);
+	*page = p;
+	*gpu_addr = bp->base;
+	return 0;
+}
+
+static void put_cb(void *ctx, struct page *page, u64 gpu_addr)
+{
+	struct tree *t = ctx;
+	struct bpage *bp = page->harness;
+
+	/* NVIDIA's free path asserts tree->lock: so does the model. */
+	if (!mt_mode)
+		CHECK(pthread_mutex_trylock(&t->lock) == EBUSY, "locking", "put() without tree lock");
+	pthread_mutex_lock(&bk);
+	CHECK(bp && bp->alive, "bad put", "put() of a page that is not a live backing page");
+	CHECK(bp->tree == t->idx, "bad put", "put() on the wrong tree");
+	CHECK(gpu_addr == bp->base, "bad put", "put() address %#" PRIx64 " != %#" PRIx64,
+	      gpu_addr, bp->base);
+	CHECK(bp->live == 0, "released in use", "backing page released with %d live tables", bp->live);
+	CHECK(page_private(page) == 0, "private", "page->private not cleared before put()");
+	bp->alive = false;
+	bp_reg_del(bp);
+	n_puts++;
+	pages_live_model--;
+	pthread_mutex_unlock(&bk);
+	page->harness = NULL;
+	__free_page(page);
+	free(bp);
+}
+
+static const struct uvm_pt_pack_ops ops = { .get = get_cb, .put = put_cb };
+
+static unsigned int expect_align(int tier, u32 size)
+{
+	if (tier == UVM_PT_PACK_TIER_256 && size == 256)
+		return 256;
+	return 4096;
+}
+
+static int size_cls(u32 size)
+{
+	return size == 256 ? UVM_PT_PACK_C256 : UVM_PT_PACK_C4096;
+}
+
+static bool expect_packed(const struct tree *t, unsigned int depth, u32 size)
+{
+	if (t->tier == UVM_PT_PACK_TIER_OFF || depth == 0)
+		return false;
+	if (size != 256 && size != 4096)
+		return false;
+	/* a class whose slot would be a whole page is not packed */
+	return PAGE_SIZE >= 2 * expect_align(t->tier, size);
+}
+
+/* ---------------------------------------------------------- tree helpers */
+
+static struct uvm_pt_pack_facts good_facts(int tier)
+{
+	struct uvm_pt_pack_facts f = {
+		.tier = tier, .has_pci_dev = true, .no_vidmem = true, .integrated = 1,
+		.sysmem_tree = true, .dma_coherent = true, .page_size = PAGE_SIZE,
+	};
+	return f;
+}
+
+static void tree_init(int i, const struct uvm_pt_pack_facts *f)
+{
+	struct tree *t = &trees[i];
+
+	memset(&t->pool, 0, sizeof(t->pool));     /* uvm_page_tree_init's memset(tree, 0) */
+	pthread_mutex_init(&t->lock, NULL);
+	t->idx = i;
+	t->used = true;
+	t->reason = uvm_pt_pack_tree_init(&t->pool, f, &ops, t);
+	CHECK(t->reason == uvm_pt_pack_check(f), "predicate", "tree_init reason differs from check");
+	t->tier = t->reason == UVM_PT_PACK_OK ? f->tier : UVM_PT_PACK_TIER_OFF;
+	if (t->reason != UVM_PT_PACK_OK && t->reason != UVM_PT_PACK_R_DISABLED)
+		last_reason_truth = uvm_pt_pack_reason_str(t->reason);
+	CHECK(uvm_pt_pack_active(&t->pool) == (t->reason == UVM_PT_PACK_OK), "predicate",
+	      "active() disagrees with reason");
+}
+
+/* --------------------------------------------------------- alloc / free */
+
+/* Record a returned table in the model and check it. Caller holds bk. */
+static void model_add(struct table *tb, struct tree *t)
+{
+	struct bpage *bp;
+	u64 off;
+	unsigned int g, a = expect_align(t->tier, tb->size);
+	const u8 *va;
+	u32 i;
+
+	bp = tb->page->harness;
+	CHECK(bp && bp->alive, "foreign page", "table %u in a page that is not a live backing page", tb->id);
+	CHECK(bp->tree == t->idx, "cross-tree", "table of tree %d in a page of tree %d", t->idx, bp->tree);
+	CHECK(tb->addr % a == 0, "misaligned", "table %u at %#" PRIx64 " not %u-aligned", tb->id, tb->addr, a);
+	CHECK(tb->addr >= bp->base && tb->addr - bp->base + tb->size <= PAGE_SIZE, "out of page",
+	      "table %u at %#" PRIx64 " outside its page %#" PRIx64, tb->id, tb->addr, bp->base);
+	if (bp->cls < 0)
+		bp->cls = size_cls(tb->size);
+	CHECK(bp->cls == size_cls(tb->size), "mixed classes", "page holds %d and %d", bp->cls,
+	      size_cls(tb->size));
+	off = tb->addr - bp->base;
+	for (g = off / GRANULE; g < (off + tb->size) / GRANULE; g++) {
+		CHECK(bp->owner[g] == 0, "overlap", "table %u overlaps live table %u at %#" PRIx64,
+		      tb->id, bp->owner[g], bp->base + g * GRANULE);
+		bp->owner[g] = tb->id;
+	}
+	va = (const u8 *)bp->page->virt + off;
+	for (i = 0; i < tb->size; i++)
+		CHECK(va[i] == 0, "not zeroed", "table %u byte %u is %#x", tb->id, i, va[i]);
+	bp->live++;
+	tb->bp = bp;
+}
+
+static void table_write(struct table *tb)
+{
+	u8 *va = (u8 *)tb->page->virt + (tb->packed ? tb->addr - tb->bp->base : 0);
+
+	memset(va, tb->pattern, tb->size);   /* stands in for the GPU writing PTEs */
+}
+
+static void table_verify(const struct table *tb)
+{
+	const u8 *va = (const u8 *)tb->page->virt + (tb->packed ? tb->addr - tb->bp->base : 0);
+	u32 i;
+
+	for (i = 0; i < tb->size; i++)
+		CHECK(va[i] == tb->pattern, "overlap", "table %u byte %u clobbered (%#x != %#x)",
+		      tb->id, i, va[i], tb->pattern);
+}
+
+/* Returns 0, or the negative error of a failed alloc. */
+static int do_alloc(struct tree *t, unsigned int depth, u32 size, struct table *tb)
+{
+	struct page *page = NULL;
+	u64 addr = 0;
+	int r = uvm_pt_pack_alloc(&t->pool, depth, size, &page, &addr);
+
+	memset(tb, 0, sizeof(*tb));
+	tb->tree = t->idx;
+	tb->size = size;
+	if (r < 0)
+		return r;
+	CHECK(r == 0 || r == UVM_PT_PACK_NOT_PACKED, "api", "alloc returned %d", r);
+	CHECK((r == 0) == expect_packed(t, depth, size), "routing",
+	      "depth %u size %u tier %d: packed=%d", depth, size, t->tier, r == 0);
+	pthread_mutex_lock(&bk);
+	tb->id = next_id++;
+	if (!tb->id)
+		tb->id = next_id++;
+	tb->pattern = (u8)(tb->id * 37 + 1) | 1;
+	pthread_mutex_unlock(&bk);
+	if (r == 0) {
+		tb->packed = true;
+		tb->page = page;
+		tb->addr = addr;
+		pthread_mutex_lock(&bk);
+		model_add(tb, t);
+		pthread_mutex_unlock(&bk);
+	} else {
+		/* NVIDIA's own path: one whole page for the table */
+		tb->page = calloc(1, sizeof(*tb->page));
+		if (!tb->page || !(tb->page->virt = calloc(1, size)))
+			fail("harness", "out of memory");
+		tb->addr = 0x7000000000000ull + (u64)tb->id * PAGE_SIZE;
+	}
+	table_write(tb);
+	return 0;
+}
+
+static void do_free(struct tree *t, struct table *tb)
+{
+	struct bpage *bp = tb->bp;
+	bool last = false, was_packed;
+	long puts_before;
+	u64 off = 0;
+	unsigned int g;
+
+	table_verify(tb);
+	if (tb->packed) {
+		/* drop it from the model before the pool can hand the slot out again */
+		pthread_mutex_lock(&bk);
+		off = tb->addr - bp->base;
+		for (g = off / GRANULE; g < (off + tb->size) / GRANULE; g++) {
+			CHECK(bp->owner[g] == tb->id, "overlap", "granule of table %u owned by %u",
+			      tb->id, bp->owner[g]);
+			bp->owner[g] = 0;
+		}
+		last = --bp->live == 0;
+		pthread_mutex_unlock(&bk);
+	}
+	pthread_mutex_lock(&t->lock);
+	/* (NVIDIA: uvm_tracker_wait() here, then the hook) */
+	puts_before = mt_mode ? 0 : n_puts;
+	was_packed = uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size);
+	if (!tb->packed) {
+		free(tb->page->virt);        /* NVIDIA's path */
+		free(tb->page);
+	}
+	pthread_mutex_unlock(&t->lock);
+	CHECK(was_packed == tb->packed, "routing", "free of table %u: packed=%d, pool said %d",
+	      tb->id, tb->packed, was_packed);
+	if (tb->packed && !mt_mode) {
+		/* single thread: the page is released iff its last table went */
+		CHECK(n_puts - puts_before == (last ? 1 : 0), last ? "empty page held" : "released in use",
+		      "free of table %u (last=%d): %ld put() calls", tb->id, last, n_puts - puts_before);
+		if (!last) {
+			/* the page stays: scribble over the freed table; reuse must zero it */
+			memset((u8 *)bp->page->virt + off, 0xA5, tb->size);
+		}
+	}
+}
+
+/* ------------------------------------------------------------- counters */
+
+struct stats { long long v[32]; };
+static const char *const stat_keys[] = {
+	"format", "tier", "page_size", "trees_packed", "trees_unpacked", "unpacked_reason",
+	"c256_tables", "c256_pages", "c256_backing_bytes", "c256_stock_bytes", "c256_saved_bytes",
+	"c4096_tables", "c4096_pages", "c4096_backing_bytes", "c4096_stock_bytes", "c4096_saved_bytes",
+	"backing_bytes", "stock_bytes", "saved_bytes",
+};
+#define NKEYS (sizeof(stat_keys) / sizeof(stat_keys[0]))
+
+/* Parse the stats text strictly: exactly these keys, in this order. */
+static void read_stats(long long *v, char *tier, char *reason)
+{
+	char buf[8192], *line, *save = NULL;
+	unsigned int k = 0;
+	int n = shim_param_get("uvm_pt_pack_stats", buf, sizeof(buf));
+
+	CHECK(n > 0, "counters", "stats getter returned %d", n);
+	CHECK(buf[n - 1] == '\n', "counters", "stats text does not end in a newline");
+	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save), k++) {
+		char key[64], val[64], extra[8];
+
+		CHECK(k < NKEYS, "counters", "extra line '%s'", line);
+		CHECK(sscanf(line, "%63s %63s %7s", key, val, extra) == 2, "counters", "bad line '%s'", line);
+		CHECK(!strcmp(key, stat_keys[k]), "counters", "key %u is '%s', want '%s'", k, key, stat_keys[k]);
+		if (!strcmp(key, "tier"))
+			strcpy(tier, val);
+		else if (!strcmp(key, "unpacked_reason"))
+			strcpy(reason, val);
+		else {
+			char *end;
+			v[k] = strtoll(val, &end, 10);
+			CHECK(*end == 0, "counters", "value of %s is '%s'", key, val);
+		}
+	}
+	CHECK(k == NKEYS, "counters", "%u lines, want %zu", k, NKEYS);
+}
+
+
+/* Compare the counters with the model. Quiescent callers only. */
+static void check_counters(void)
+{
+	long long v[NKEYS], tables[2] = { 0, 0 }, pages[2] = { 0, 0 }, tp = 0, tu = 0;
+	char tier[64], reason[64];
+	int i, c;
+	const char *tier_truth;
+	int req = uvm_pt_pack_requested_tier();
+
+	read_stats(v, tier, reason);
+	for (i = 0; i < nlive; i++)
+		if (live[i].packed)
+			tables[size_cls(live[i].size)]++;
+	for (i = 0; i < MAX_TREES; i++) {
+		struct tree *t = &trees[i];
+
+		if (!t->used)
+			continue;
+		if (t->reason == UVM_PT_PACK_OK)
+			tp++;
+		else if (t->reason != UVM_PT_PACK_R_DISABLED)
+			tu++;
+	}
+	/* pages: every live backing page of the model, by class; none may be empty */
+	for (i = 0; i < bp_n; i++) {
+		CHECK(bp_reg[i]->cls >= 0, "counters", "backing page without a table");
+		CHECK(bp_reg[i]->live > 0, "empty page held", "backing page %#" PRIx64 " held with no table",
+		      bp_reg[i]->base);
+		pages[bp_reg[i]->cls]++;
+	}
+	CHECK(bp_n == pages_live_model, "harness", "registry");
+	tier_truth = req == UVM_PT_PACK_TIER_4K ? "4k" : req == UVM_PT_PACK_TIER_256 ? "256" : "off";
+	CHECK(v[0] == UVM_PT_PACK_FORMAT, "counters", "format %lld", v[0]);
+	CHECK(!strcmp(tier, tier_truth), "counters", "tier %s, want %s", tier, tier_truth);
+	CHECK(v[2] == (long long)PAGE_SIZE, "counters", "page_size %lld", v[2]);
+	CHECK(v[3] == tp, "counters", "trees_packed %lld, want %lld", v[3], tp);
+	CHECK(v[4] == tu, "counters", "trees_unpacked %lld, want %lld", v[4], tu);
+	CHECK(!strcmp(reason, last_reason_truth), "counters", "unpacked_reason %s, want %s", reason,
+	      last_reason_truth);
+	for (c = 0; c < 2; c++) {
+		long long *cv = &v[6 + 5 * c];
+		long long backing = pages[c] * (long long)PAGE_SIZE, stock = tables[c] * (long long)PAGE_SIZE;
+
+		CHECK(cv[0] == tables[c], "counters", "%s %lld, want %lld", stat_keys[6 + 5 * c], cv[0], tables[c]);
+		CHECK(cv[1] == pages[c], "counters", "%s %lld, want %lld", stat_keys[7 + 5 * c], cv[1], pages[c]);
+		CHECK(cv[2] == backing, "counters", "%s wrong", stat_keys[8 + 5 * c]);
+		CHECK(cv[3] == stock, "counters", "%s wrong", stat_keys[9 + 5 * c]);
+		CHECK(cv[4] == stock - backing, "counters", "%s wrong", stat_keys[10 + 5 * c]);
+	}
+	CHECK(v[16] == (pages[0] + pages[1]) * (long long)PAGE_SIZE, "counters", "backing_bytes");
+	CHECK(v[17] == (tables[0] + tables[1]) * (long long)PAGE_SIZE, "counters", "stock_bytes");
+	CHECK(v[18] == v[17] - v[16], "counters", "saved_bytes");
+}
+
+/* --------------------------------------------------------------- engine */
+
+struct src {
+	const u8 *data;             /* libFuzzer bytes, or NULL for the PRNG */
+	size_t len, pos;
+	u64 rng;
+	bool done;
+};
+
+static u32 src_u32(struct src *s)
+{
+	u32 v = 0;
+	int i;
+
+	if (!s->data) {
+		/* xorshift64* */
+		s->rng ^= s->rng >> 12;
+		s->rng ^= s->rng << 25;
+		s->rng ^= s->rng >> 27;
+		return (u32)((s->rng * 0x2545F4914F6CDD1Dull) >> 32);
+	}
+	for (i = 0; i < 4; i++) {
+		if (s->pos >= s->len) {
+			s->done = true;
+			return v;
+		}
+		v = (v << 8) | s->data[s->pos++];
+	}
+	return v;
+}
+
+static void live_remove(int i)
+{
+	live[i] = live[--nlive];
+}
+
+static void random_facts(struct src *s, struct uvm_pt_pack_facts *f)
+{
+	u32 r = src_u32(s);
+
+	*f = good_facts((r & 1) ? UVM_PT_PACK_TIER_256 : UVM_PT_PACK_TIER_4K);
+	if ((r >> 1) % 4 == 0) {
+		switch ((r >> 3) % 9) {
+		case 0: f->tier = UVM_PT_PACK_TIER_OFF; break;
+		case 1: f->tier = 7; break;
+		case 2: f->has_pci_dev = false; break;
+		case 3: f->no_vidmem = false; break;
+		case 4: f->integrated = 0; break;
+		case 5: f->integrated = -1; break;   /* branch without is_integrated_gpu: still packs */
+		case 6: f->sysmem_tree = false; break;
+		case 7: f->dma_coherent = false; break;
+		case 8: f->page_size = PAGE_SIZE * 2; break;
+		}
+	}
+}
+
+static void engine_tree_init(int i, const struct uvm_pt_pack_facts *f)
+{
+	tree_init(i, f);
+}
+
+static void engine_tree_deinit(int i)
+{
+	struct tree *t = &trees[i];
+	int k;
+
+	for (k = 0; k < nlive;) {
+		if (live[k].tree == i) {
+			do_free(t, &live[k]);
+			live_remove(k);
+		} else {
+			k++;
+		}
+	}
+	CHECK(uvm_pt_pack_pool_empty(&t->pool), "pool not empty", "tree %d at deinit", i);
+	pthread_mutex_lock(&t->lock);
+	uvm_pt_pack_tree_deinit(&t->pool);
+	pthread_mutex_unlock(&t->lock);
+	pthread_mutex_destroy(&t->lock);
+	t->used = false;
+}
+
+static const unsigned int depths[] = { 5, 5, 5, 5, 4, 3, 2, 1, 0 };
+
+static void engine_alloc(struct src *s, u32 r)
+{
+	static const u32 odd_sizes[] = { 16, 512, 2048 };
+	int ti = r % MAX_TREES;
+	unsigned int depth = depths[(r >> 4) % 9];
+	u32 size, pick = (r >> 8) % 100;
+	struct table tb;
+	int err;
+
+	if (!trees[ti].used)
+		return;
+	if (pick < 70)
+		size = 256;
+	else if (pick < 98)
+		size = 4096;
+	else
+		size = odd_sizes[(r >> 16) % 3];
+	if (nlive == MAX_TABLES)
+		return;
+	err = do_alloc(&trees[ti], depth, size, &tb);
+	if (err) {
+		CHECK(err == -ENOMEM, "api", "alloc error %d", err);
+		return;
+	}
+	live[nlive++] = tb;
+}
+
+/* Run random operations from src; everything is torn down at the end. */
+static void engine_run(struct src *s, long max_ops)
+{
+	struct uvm_pt_pack_facts f;
+	int i, ntrees = 1 + src_u32(s) % MAX_TREES;
+	long n;
+
+	for (i = 0; i < ntrees; i++) {
+		random_facts(s, &f);
+		engine_tree_init(i, &f);
+	}
+	for (n = 0; n < max_ops && !s->done; n++) {
+		u32 r = src_u32(s), op = r % 1000;
+
+		r = src_u32(s);
+		if (op < 520) {
+			engine_alloc(s, r);
+		} else if (op < 900) {
+			if (nlive) {
+				i = r % nlive;
+				do_free(&trees[live[i].tree], &live[i]);
+				live_remove(i);
+			}
+		} else if (op < 940) {
+			/* get() failure: -ENOMEM unless a partial page had a free slot */
+			get_fail_next = 1;
+			engine_alloc(s, r);
+			get_fail_next = 0;
+		} else if (op < 990) {
+			check_counters();
+		} else if (op < 996) {
+			/* a burst of frees, as free_unused_directories() does */
+			int k = 1 + r % 16;
+			while (k-- && nlive) {
+				i = src_u32(s) % nlive;
+				do_free(&trees[live[i].tree], &live[i]);
+				live_remove(i);
+			}
+		} else {
+			/* a process exits and another starts: tree deinit + init */
+			i = r % MAX_TREES;
+			if (trees[i].used)
+				engine_tree_deinit(i);
+			random_facts(s, &f);
+			engine_tree_init(i, &f);
+		}
+		ops_done++;
+	}
+	check_counters();
+	for (i = 0; i < MAX_TREES; i++)
+		if (trees[i].used)
+			engine_tree_deinit(i);
+	CHECK(nlive == 0, "harness", "tables left");
+	check_counters();
+	CHECK(bp_n == 0 && pages_live_model == 0, "leak", "%d backing pages left", bp_n);
+	CHECK(n_gets == n_puts, "leak", "get %ld put %ld", n_gets, n_puts);
+	CHECK(shim_pages_live == 0, "leak", "%ld pages still allocated", shim_pages_live);
+	CHECK(shim_warn_count == 0, "warning", "%ld kernel warnings", shim_warn_count);
+}
+
+/* ---------------------------------------------------------------- stress */
+
+struct worker {
+	pthread_t th;
+	u64 seed;
+	long ops;
+	struct table *tabs;
+	int n;
+};
+
+#define WORKER_MAX 256
+static int stress_ntrees = 2;
+static int stress_stop;   /* __atomic */
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct src s = { .rng = w->seed };
+	long k;
+
+	for (k = 0; k < w->ops; k++) {
+		u32 r = src_u32(&s), op = r % 100;
+		struct tree *t = &trees[(r >> 8) % stress_ntrees];
+
+		if ((op < 55 && w->n < WORKER_MAX) || w->n == 0) {
+			u32 size = ((r >> 16) % 10) < 7 ? 256 : 4096;
+			unsigned int depth = 1 + (r >> 20) % 5;
+			int err = do_alloc(t, depth, size, &w->tabs[w->n]);
+
+			if (!err)
+				w->n++;
+		} else {
+			int i = (r >> 12) % w->n;
+
+			do_free(&trees[w->tabs[i].tree], &w->tabs[i]);
+			w->tabs[i] = w->tabs[--w->n];
+		}
+	}
+	return NULL;
+}
+
+static void *reader_main(void *arg)
+{
+	long *reads = arg;
+
+	while (!__atomic_load_n(&stress_stop, __ATOMIC_ACQUIRE)) {
+		long long v[NKEYS];
+		char tier[64], reason[64];
+
+		read_stats(v, tier, reason);   /* strict format while pools change */
+		(*reads)++;
+	}
+	return NULL;
+}
+
+static void run_stress(long ops, u64 seed, int nthreads)
+{
+	struct worker *w = calloc(nthreads, sizeof(*w));
+	struct src s = { .rng = seed | 1 };
+	struct uvm_pt_pack_facts f;
+	pthread_t reader;
+	long reads = 0, total = 0;
+	int i, j;
+
+	mt_mode = true;
+	for (i = 0; i < stress_ntrees; i++) {
+		f = good_facts(i % 2 ? UVM_PT_PACK_TIER_256 : UVM_PT_PACK_TIER_4K);
+		tree_init(i, &f);
+	}
+	pthread_create(&reader, NULL, reader_main, &reads);
+	for (i = 0; i < nthreads; i++) {
+		w[i].seed = src_u32(&s) | ((u64)src_u32(&s) << 32) | 1;
+		w[i].ops = ops / nthreads;
+		w[i].tabs = calloc(WORKER_MAX, sizeof(struct table));
+		pthread_create(&w[i].th, NULL, worker_main, &w[i]);
+	}
+	for (i = 0; i < nthreads; i++) {
+		pthread_join(w[i].th, NULL);
+		total += w[i].ops;
+	}
+	__atomic_store_n(&stress_stop, 1, __ATOMIC_RELEASE);
+	pthread_join(reader, NULL);
+	/* quiescent: the model must match the pools exactly */
+	mt_mode = false;
+	for (i = 0; i < nthreads; i++)
+		for (j = 0; j < w[i].n; j++)
+			live[nlive++] = w[i].tabs[j];
+	check_counters();
+	for (i = 0; i < stress_ntrees; i++)
+		engine_tree_deinit(i);
+	check_counters();
+	CHECK(bp_n == 0 && shim_pages_live == 0 && n_gets == n_puts, "leak", "pages left");
+	CHECK(shim_warn_count == 0, "warning", "%ld kernel warnings", shim_warn_count);
+	ops_done += total;
+	printf("stress: page_size=%lu threads=%d ops=%ld stats_reads=%ld backing_gets=%ld\n",
+	       PAGE_SIZE, nthreads, total, reads, n_gets);
+	for (i = 0; i < nthreads; i++)
+		free(w[i].tabs);
+	free(w);
+}
+
+/* ------------------------------------------------------------------ unit */
+
+static void unit_predicate(void)
+{
+	struct uvm_pt_pack_facts f;
+	unsigned long ps = PAGE_SIZE;
+
+#define EXPECT_REASON(mod, want) do { \
+	f = good_facts(UVM_PT_PACK_TIER_4K); mod; \
+	CHECK(uvm_pt_pack_check(&f) == (want), "predicate", "%s: got %s want %s", #mod, \
+	      uvm_pt_pack_reason_str(uvm_pt_pack_check(&f)), uvm_pt_pack_reason_str(want)); \
+} while (0)
+	EXPECT_REASON((void)0, ps > 4096 ? UVM_PT_PACK_OK : UVM_PT_PACK_R_PAGE_SIZE);
+	EXPECT_REASON(f.tier = UVM_PT_PACK_TIER_256, UVM_PT_PACK_OK);
+	EXPECT_REASON(f.tier = UVM_PT_PACK_TIER_OFF, UVM_PT_PACK_R_DISABLED);
+	EXPECT_REASON(f.tier = 3, UVM_PT_PACK_R_BAD_TIER);
+	EXPECT_REASON(f.tier = -1, UVM_PT_PACK_R_BAD_TIER);
+	EXPECT_REASON((f.tier = 2, f.has_pci_dev = false), UVM_PT_PACK_R_NO_PCI_DEV);
+	EXPECT_REASON((f.tier = 2, f.no_vidmem = false), UVM_PT_PACK_R_HAS_VIDMEM);
+	EXPECT_REASON((f.tier = 2, f.integrated = 0), UVM_PT_PACK_R_NOT_INTEGRATED);
+	EXPECT_REASON((f.tier = 2, f.integrated = -1), UVM_PT_PACK_OK);
+	EXPECT_REASON((f.tier = 2, f.sysmem_tree = false), UVM_PT_PACK_R_NOT_SYSMEM);
+	EXPECT_REASON((f.tier = 2, f.dma_coherent = false), UVM_PT_PACK_R_NOT_COHERENT);
+	EXPECT_REASON((f.tier = 2, f.page_size = 2 * PAGE_SIZE), UVM_PT_PACK_R_PAGE_SIZE);
+	/* the first failing condition is the one reported */
+	EXPECT_REASON((f.has_pci_dev = false, f.dma_coherent = false), UVM_PT_PACK_R_NO_PCI_DEV);
+#undef EXPECT_REASON
+	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_OK), "none"), "predicate", "token");
+	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_R_NOT_COHERENT), "not_coherent"), "predicate", "token");
+	CHECK(!strcmp(uvm_pt_pack_reason_str(99), "unknown"), "predicate", "token");
+}
+
+static void unit_params(void)
+{
+	char buf[8192];
+	long long v[NKEYS];
+	char tier[64], reason[64];
+
+	CHECK(shim_modinfo("spark_memsaver") && !strcmp(shim_modinfo("spark_memsaver"), "uvm-pt-pack/1"),
+	      "modinfo", "spark_memsaver tag");
+	CHECK(shim_param_perm("uvm_pt_pack") == 0444, "params", "uvm_pt_pack perm %o", shim_param_perm("uvm_pt_pack"));
+	CHECK(shim_param_perm("uvm_pt_pack_stats") == 0444, "params", "stats perm");
+	CHECK(shim_param_get("uvm_pt_pack", buf, sizeof(buf)) > 0, "params", "get");
+	CHECK(atoi(buf) == UVM_PT_PACK_DEFAULT_EXPECT, "params", "default tier %s", buf);
+	CHECK(shim_param_set("uvm_pt_pack_stats", "1") == -EPERM, "params", "stats writable");
+
+	shim_param_set("uvm_pt_pack", "2");
+	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_256, "params", "tier 2");
+	read_stats(v, tier, reason);
+	CHECK(!strcmp(tier, "256"), "counters", "tier %s", tier);
+	shim_param_set("uvm_pt_pack", "0");
+	read_stats(v, tier, reason);
+	CHECK(!strcmp(tier, "off"), "counters", "tier %s", tier);
+	shim_param_set("uvm_pt_pack", "9");
+	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_OFF, "params", "unknown tier not off");
+	shim_param_set("uvm_pt_pack", "1");
+	read_stats(v, tier, reason);
+	CHECK(!strcmp(tier, "4k") && !strcmp(reason, "none"), "counters", "tier %s reason %s", tier, reason);
+	check_counters();
+}
+
+static void unit_zeroed_pool(void)
+{
+	struct uvm_pt_pack_pool pool;
+	struct page *pg = NULL;
+	u64 a = 0;
+
+	memset(&pool, 0, sizeof(pool));
+	CHECK(!uvm_pt_pack_active(&pool), "zeroed pool", "active");
+	CHECK(uvm_pt_pack_alloc(&pool, 5, 256, &pg, &a) == UVM_PT_PACK_NOT_PACKED, "zeroed pool", "alloc");
+	pg = alloc_page(GFP_KERNEL);
+	CHECK(!uvm_pt_pack_free(&pool, pg, 0, 256), "zeroed pool", "free");
+	__free_page(pg);
+	CHECK(uvm_pt_pack_pool_empty(&pool), "zeroed pool", "empty");
+	uvm_pt_pack_tree_deinit(&pool);
+}
+
+/* Fill one backing page exactly, spill into a second, drain: check get/put counts. */
+static void unit_fill_drain(int tier, u32 size)
+{
+	struct uvm_pt_pack_facts f = good_facts(tier);
+	struct tree *t = &trees[0];
+	unsigned int per, i;
+	long g0 = n_gets, p0 = n_puts;
+
+	tree_init(0, &f);
+	if (!uvm_pt_pack_active(&t->pool) || !expect_packed(t, 5, size)) {
+		engine_tree_deinit(0);
+		return;
+	}
+	per = PAGE_SIZE / expect_align(tier, size);
+	CHECK(t->pool.cls[size_cls(size)].slots_per_page == per, "geometry", "slots per page");
+	for (i = 0; i < per + 1; i++) {
+		struct table tb;
+
+		CHECK(do_alloc(t, 5, size, &tb) == 0, "api", "alloc failed");
+		live[nlive++] = tb;
+		CHECK(n_gets - g0 == (i < per ? 1 : 2), "density", "table %u of %u needed %ld pages",
+		      i + 1, per, n_gets - g0);
+	}
+	check_counters();
+	/* free the spill table: its page goes; then the rest, last one releases */
+	do_free(t, &live[nlive - 1]);
+	nlive--;
+	CHECK(n_puts - p0 == 1, "empty page held", "spill page kept");
+	/* reuse: free table 0, scribbled by do_free; the next alloc takes the same slot */
+	{
+		u64 addr0 = live[0].addr;
+		struct table tb;
+
+		do_free(t, &live[0]);
+		live_remove(0);
+		CHECK(do_alloc(t, 5, size, &tb) == 0, "api", "alloc");
+		CHECK(tb.addr == addr0, "reuse", "freed slot not reused first");
+		live[nlive++] = tb;
+	}
+	check_counters();
+	engine_tree_deinit(0);
+	CHECK(n_puts - p0 == 2 && n_gets - g0 == 2, "leak", "get/put %ld/%ld", n_gets - g0, n_puts - p0);
+	check_counters();
+}
+
+static void unit_routing(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct tree *t = &trees[0];
+	static const u32 sizes[] = { 16, 256, 512, 4096 };
+	unsigned int d, k;
+	struct table tb;
+
+	tree_init(0, &f);
+	for (d = 0; d <= 5; d++)
+		for (k = 0; k < 4; k++) {
+			CHECK(do_alloc(t, d, sizes[k], &tb) == 0, "api", "alloc");   /* routing checked inside */
+			live[nlive++] = tb;
+		}
+	check_counters();
+	engine_tree_deinit(0);
+}
+
+static void unit_get_failure(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct tree *t = &trees[0];
+	struct table tb;
+	long g0 = n_gets;
+
+	tree_init(0, &f);
+	get_fail_next = 1;
+	CHECK(do_alloc(t, 5, 256, &tb) == -ENOMEM, "api", "get failure not reported");
+	CHECK(n_gets == g0 && bp_n == 0, "leak", "state changed on failure");
+	check_counters();
+	CHECK(do_alloc(t, 5, 256, &tb) == 0, "api", "alloc after failure");
+	live[nlive++] = tb;
+	get_fail_next = 1;
+	/* a free slot exists: no get() needed, so the failure is not seen */
+	CHECK(do_alloc(t, 5, 256, &tb) == 0, "api", "alloc from partial page");
+	live[nlive++] = tb;
+	get_fail_next = 0;
+	check_counters();
+	engine_tree_deinit(0);
+}
+
+static void unit_misaligned_base(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_4K);
+	struct tree *t = &trees[0];
+	struct table tb;
+	long w0 = shim_warn_count;
+	unsigned int i, per = PAGE_SIZE / 4096;
+
+	if (per < 2)
+		return;
+	base_misalign = 512;
+	shim_warn_quiet = 1;
+	tree_init(0, &f);
+	/* one slot is lost to alignment; every table must still be 4 KiB aligned */
+	for (i = 0; i < per - 1; i++) {
+		CHECK(do_alloc(t, 2, 4096, &tb) == 0, "api", "alloc");
+		live[nlive++] = tb;
+	}
+		CHECK(bp_n == 1, "density", "misaligned page should hold %u tables", per - 1);
+	CHECK(do_alloc(t, 2, 4096, &tb) == 0, "api", "alloc");
+	live[nlive++] = tb;
+	CHECK(bp_n == 2, "density", "spill");
+	engine_tree_deinit(0);
+	CHECK(shim_warn_count > w0, "warning", "misaligned base not warned about");
+	shim_warn_count = w0;
+	shim_warn_quiet = 0;
+	base_misalign = 0;
+	check_counters();
+}
+
+static void unit_bad_frees(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct table a, b;
+	long w0 = shim_warn_count;
+
+	tree_init(0, &f);
+	tree_init(1, &f);
+	CHECK(do_alloc(&trees[0], 5, 256, &a) == 0 && do_alloc(&trees[0], 5, 256, &b) == 0, "api", "alloc");
+	shim_warn_quiet = 1;
+	pthread_mutex_lock(&trees[0].lock);
+	/* b is live: free a copy of it with the wrong size, a wrong address, via the wrong pool */
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr, 4096), "bad free", "wrong size");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 8, 256), "bad free", "odd address");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 2 * PAGE_SIZE, 256), "bad free", "far address");
+	CHECK(uvm_pt_pack_free(&trees[1].pool, b.page, b.addr, 256), "bad free", "wrong pool");
+	pthread_mutex_unlock(&trees[0].lock);
+	CHECK(shim_warn_count - w0 == 4, "warning", "%ld warnings for 4 bad frees", shim_warn_count - w0);
+	/* the slot survived all of that */
+	live[nlive++] = a;
+	live[nlive++] = b;
+	check_counters();
+	/* double free: the second is caught, nothing released twice */
+	do_free(&trees[0], &live[0]);
+	pthread_mutex_lock(&trees[0].lock);
+	CHECK(uvm_pt_pack_free(&trees[0].pool, a.page, a.addr, 256), "bad free", "double free");
+	pthread_mutex_unlock(&trees[0].lock);
+	CHECK(shim_warn_count - w0 == 5, "warning", "double free not warned about");
+	live_remove(0);
+	check_counters();
+	shim_warn_quiet = 0;
+	shim_warn_count = w0;
+	engine_tree_deinit(0);
+	engine_tree_deinit(1);
+	check_counters();
+}
+
+static void unit_unpacked_counters(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_4K);
+
+	f.dma_coherent = false;
+	engine_tree_init(0, &f);
+	f = good_facts(UVM_PT_PACK_TIER_OFF);
+	engine_tree_init(1, &f);
+	check_counters();   /* trees_unpacked 1 (disabled trees are not counted), reason not_coherent */
+	engine_tree_deinit(0);
+	engine_tree_deinit(1);
+	check_counters();
+}
+
+/* deinit of a non-empty pool must WARN (run on its own: it leaves the counters dirty) */
+static int run_deinit_warn(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct table tb;
+	long w0 = shim_warn_count;
+
+	shim_warn_quiet = 1;
+	tree_init(0, &f);
+	CHECK(do_alloc(&trees[0], 5, 256, &tb) == 0, "api", "alloc");
+	CHECK(!uvm_pt_pack_pool_empty(&trees[0].pool), "pool not empty", "empty() with a live table");
+	uvm_pt_pack_tree_deinit(&trees[0].pool);
+	CHECK(shim_warn_count == w0 + 1, "warning", "deinit of a non-empty pool did not warn");
+	/* the pool leaks by design; clean up behind it so LeakSanitizer stays quiet */
+	free((void *)page_private(tb.page));
+	set_page_private(tb.page, 0);
+	free(tb.page->harness);
+	__free_page(tb.page);
+	printf("deinit-warn: ok\n");
+	return 0;
+}
+
+static void run_unit(void)
+{
+	static const int tiers[] = { UVM_PT_PACK_TIER_4K, UVM_PT_PACK_TIER_256 };
+	static const u32 sizes[] = { 256, 4096 };
+	int i, j;
+
+	unit_predicate();
+	unit_params();
+	unit_zeroed_pool();
+	for (i = 0; i < 2; i++)
+		for (j = 0; j < 2; j++)
+			unit_fill_drain(tiers[i], sizes[j]);
+	unit_routing();
+	unit_get_failure();
+	unit_misaligned_base();
+	unit_bad_frees();
+	unit_unpacked_counters();
+	CHECK(shim_pages_live == 0 && bp_n == 0, "leak", "pages left");
+	CHECK(shim_warn_count == 0, "warning", "%ld unexpected warnings", shim_warn_count);
+	printf("unit: page_size=%lu ok\n", PAGE_SIZE);
+}
+
+
+#ifdef PT_LIBFUZZER
+int LLVMFuzzerTestOneInput(const u8 *data, size_t len);
+static void report_ops(void)
+{
+	fprintf(stderr, "fuzz-ops: page_size=%lu ops=%ld\n", PAGE_SIZE, ops_done);
+}
+
+int LLVMFuzzerTestOneInput(const u8 *data, size_t len)
+{
+	static bool once;
+	struct src s = { .data = data, .len = len };
+
+	if (!once) {
+		once = true;
+		atexit(report_ops);
+	}
+	last_reason_truth = "none";
+	engine_run(&s, 1L << 40);
+	return 0;
+}
+#else
+int main(int argc, char **argv)
+{
+	/* keep freed 64 KiB pages in the heap: no trim/mmap churn per backing page */
+	mallopt(M_TRIM_THRESHOLD, 1 << 30);
+	mallopt(M_MMAP_THRESHOLD, 1 << 30);
+	mallopt(M_TOP_PAD, 64 << 20);
+	if (argc >= 2 && !strcmp(argv[1], "unit")) {
+		run_unit();
+		return 0;
+	}
+	if (argc >= 2 && !strcmp(argv[1], "deinit-warn"))
+		return run_deinit_warn();
+	if (argc >= 4 && !strcmp(argv[1], "fuzz")) {
+		long ops = atol(argv[2]);
+		u64 seed = strtoull(argv[3], NULL, 0);
+		long chunk = argc >= 5 ? atol(argv[4]) : 200000;
+		long k = 0;
+
+		/* chunks: each is a full run (trees up, random ops, all torn down) */
+		while (ops_done < ops) {
+			struct src s = { .rng = (seed + 0x9E3779B97F4A7C15ull * ++k) | 1 };
+
+			last_reason_truth = "none";
+			engine_run(&s, ops - ops_done < chunk ? ops - ops_done : chunk);
+		}
+		printf("fuzz: page_size=%lu ops=%ld runs=%ld backing_gets=%ld seed=%llu\n", PAGE_SIZE,
+		       ops_done, k, n_gets, (unsigned long long)seed);
+		return 0;
+	}
+	if (argc >= 5 && !strcmp(argv[1], "stress")) {
+		run_stress(atol(argv[2]), strtoull(argv[3], NULL, 0), atoi(argv[4]));
+		return 0;
+	}
+	fprintf(stderr, "usage: %s unit | deinit-warn | fuzz OPS SEED [CHUNK] | stress OPS SEED THREADS\n", argv[0]);
+	return 2;
+}
+#endif

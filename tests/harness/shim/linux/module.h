@@ -1,0 +1,2 @@
+/* shim stand-in for <linux/module.h>: see ../shim.h */
+#include "../shim.h"

@@ -1,0 +1,518 @@
+// SPDX-License-Identifier: GPL-2.0-only OR MIT
+/*
+ * uvm_pt_pack: packing pool for nvidia-uvm GPU page tables kept in CPU memory.
+ * Part of spark-memsaver. See uvm_pt_pack.h for the interface and the locking
+ * contract, and uvm_patch/README.md for the design and the counters format.
+ *
+ * This file is identical for every NVIDIA driver branch and includes no UVM
+ * header. It is also compiled unchanged in userspace by tests/harness/.
+ *
+ * Layout: each size class keeps backing pages (one full PAGE_SIZE page from the
+ * caller's get() callback) on a "partial" list (at least one free slot) or a
+ * "full" list. A per-page descriptor, reached through page->private, holds a
+ * bitmap of used slots. A page whose last table is freed is handed back through
+ * put() at once, so the pool never holds an empty page.
+ */
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/kernel.h>
+#include <linux/errno.h>
+#include <linux/types.h>
+#include <linux/bug.h>
+#include <linux/atomic.h>
+#include <linux/bitops.h>
+#include <linux/list.h>
+#include <linux/spinlock.h>
+#include <linux/slab.h>
+#include <linux/mm.h>
+#include <linux/highmem.h>
+#include <linux/string.h>
+
+#include "uvm_pt_pack.h"
+
+/*
+ * Compiled-in default of the uvm_pt_pack parameter; the DKMS template passes
+ * -DUVM_PT_PACK_DEFAULT=<n>.
+ */
+#ifndef UVM_PT_PACK_DEFAULT
+#define UVM_PT_PACK_DEFAULT 1
+#endif
+
+/*
+ * Test-only fault injection, used by tests/harness to prove that its checker
+ * catches a broken allocator. Never defined by any kernel build.
+ *   1: a slot is handed out without being marked used (overlapping tables)
+ *   2: returned table addresses are off by 128 bytes (misaligned tables)
+ *   3: a reused slot is not zeroed
+ *   4: a backing page that becomes empty is kept instead of released
+ */
+#ifndef UVM_PT_PACK_FAULT_INJECT
+#define UVM_PT_PACK_FAULT_INJECT 0
+#endif
+
+#define PT_PACK_MIN_SLOT   256u
+#define PT_PACK_MAX_SLOT   4096u
+#define PT_PACK_MAX_SLOTS  (PAGE_SIZE / PT_PACK_MIN_SLOT)
+#define PT_PACK_MAGIC      0x75707470u   /* "uptp" */
+
+/* Pool states (struct uvm_pt_pack_pool.state); 0 = zero-filled, never initialised. */
+enum {
+	PT_PACK_STATE_NONE = 0,
+	PT_PACK_STATE_PACKED,      /* counted in trees_packed */
+	PT_PACK_STATE_UNPACKED,    /* counted in trees_unpacked */
+	PT_PACK_STATE_DISABLED,    /* tier OFF: counted nowhere */
+	PT_PACK_STATE_DEAD,        /* after deinit */
+};
+
+/* One backing page. */
+struct pt_pack_backing {
+	struct list_head link;          /* on cls->partial or cls->full */
+	struct uvm_pt_pack_pool *pool;
+	struct page *page;
+	u64 gpu_addr;                   /* address of the page start, from get() */
+	unsigned int magic;
+	unsigned int cls;
+	unsigned int first;             /* page offset of slot 0 (0 unless gpu_addr is misaligned) */
+	unsigned int nslots;            /* usable slots in this page */
+	unsigned int used;              /* slots in use */
+	unsigned long map[BITS_TO_LONGS(PT_PACK_MAX_SLOTS)];
+};
+
+static int uvm_pt_pack = UVM_PT_PACK_DEFAULT;
+module_param(uvm_pt_pack, int, 0444);
+MODULE_PARM_DESC(uvm_pt_pack,
+		 "Pack GPU page tables into shared CPU pages (read at load time): "
+		 "0 off, 1 4 KiB slots (default tier), 2 256 B slots for 256 B tables (opt-in, not hardware-validated)");
+
+MODULE_INFO(spark_memsaver, UVM_PT_PACK_ID);
+
+/* Global counters, summed over every pool of every GPU. */
+static atomic64_t pt_pack_tables[UVM_PT_PACK_NR_CLASSES];
+static atomic64_t pt_pack_pages[UVM_PT_PACK_NR_CLASSES];
+static atomic64_t pt_pack_trees_packed;
+static atomic64_t pt_pack_trees_unpacked;
+static atomic_t pt_pack_last_reason;   /* UVM_PT_PACK_OK until a tree is not packed */
+
+static const char *const pt_pack_reason_names[UVM_PT_PACK_R_NR] = {
+	[UVM_PT_PACK_OK]               = "none",
+	[UVM_PT_PACK_R_DISABLED]       = "disabled",
+	[UVM_PT_PACK_R_BAD_TIER]       = "bad_tier",
+	[UVM_PT_PACK_R_NO_PCI_DEV]     = "no_pci_dev",
+	[UVM_PT_PACK_R_HAS_VIDMEM]     = "has_vidmem",
+	[UVM_PT_PACK_R_NOT_INTEGRATED] = "not_integrated",
+	[UVM_PT_PACK_R_NOT_SYSMEM]     = "not_sysmem",
+	[UVM_PT_PACK_R_NOT_COHERENT]   = "not_coherent",
+	[UVM_PT_PACK_R_PAGE_SIZE]      = "page_size",
+};
+
+const char *uvm_pt_pack_reason_str(enum uvm_pt_pack_reason reason)
+{
+	if ((unsigned int)reason >= UVM_PT_PACK_R_NR)
+		return "unknown";
+	return pt_pack_reason_names[reason];
+}
+
+int uvm_pt_pack_requested_tier(void)
+{
+	int tier = READ_ONCE(uvm_pt_pack);
+
+	if (tier == UVM_PT_PACK_TIER_4K || tier == UVM_PT_PACK_TIER_256)
+		return tier;
+	return UVM_PT_PACK_TIER_OFF;
+}
+
+/*
+ * Slot size of a class under a tier at a page size; 0 when the class is not
+ * packed because packing it would save nothing (one slot per page).
+ */
+static unsigned int pt_pack_slot_size(int tier, unsigned int cls, unsigned long page_size)
+{
+	unsigned int slot;
+
+	if (tier == UVM_PT_PACK_TIER_4K)
+		slot = PT_PACK_MAX_SLOT;
+	else if (tier == UVM_PT_PACK_TIER_256)
+		slot = (cls == UVM_PT_PACK_C256) ? PT_PACK_MIN_SLOT : PT_PACK_MAX_SLOT;
+	else
+		return 0;
+
+	if (page_size < 2 * (unsigned long)slot)
+		return 0;
+	return slot;
+}
+
+enum uvm_pt_pack_reason uvm_pt_pack_check(const struct uvm_pt_pack_facts *facts)
+{
+	unsigned int cls;
+	bool saves = false;
+
+	if (facts->tier == UVM_PT_PACK_TIER_OFF)
+		return UVM_PT_PACK_R_DISABLED;
+	if (facts->tier != UVM_PT_PACK_TIER_4K && facts->tier != UVM_PT_PACK_TIER_256)
+		return UVM_PT_PACK_R_BAD_TIER;
+	if (!facts->has_pci_dev)
+		return UVM_PT_PACK_R_NO_PCI_DEV;
+	if (!facts->no_vidmem)
+		return UVM_PT_PACK_R_HAS_VIDMEM;
+	if (facts->integrated == 0)
+		return UVM_PT_PACK_R_NOT_INTEGRATED;
+	if (!facts->sysmem_tree)
+		return UVM_PT_PACK_R_NOT_SYSMEM;
+	if (!facts->dma_coherent)
+		return UVM_PT_PACK_R_NOT_COHERENT;
+
+	/* The pool's descriptors are sized for this kernel's PAGE_SIZE. */
+	if (facts->page_size != PAGE_SIZE)
+		return UVM_PT_PACK_R_PAGE_SIZE;
+	for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++)
+		if (pt_pack_slot_size(facts->tier, cls, facts->page_size))
+			saves = true;
+	if (!saves)
+		return UVM_PT_PACK_R_PAGE_SIZE;
+
+	return UVM_PT_PACK_OK;
+}
+
+enum uvm_pt_pack_reason uvm_pt_pack_tree_init(struct uvm_pt_pack_pool *pool,
+					      const struct uvm_pt_pack_facts *facts,
+					      const struct uvm_pt_pack_ops *ops,
+					      void *ctx)
+{
+	enum uvm_pt_pack_reason reason = uvm_pt_pack_check(facts);
+	unsigned int cls;
+
+	memset(pool, 0, sizeof(*pool));
+	spin_lock_init(&pool->lock);
+	pool->ops = ops;
+	pool->ctx = ctx;
+	for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++) {
+		INIT_LIST_HEAD(&pool->cls[cls].partial);
+		INIT_LIST_HEAD(&pool->cls[cls].full);
+	}
+
+	if (reason == UVM_PT_PACK_OK && (!ops || !ops->get || !ops->put)) {
+		WARN_ON(1);
+		reason = UVM_PT_PACK_R_NO_PCI_DEV;
+	}
+
+	if (reason == UVM_PT_PACK_OK) {
+		pool->tier = facts->tier;
+		for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++) {
+			struct uvm_pt_pack_class *c = &pool->cls[cls];
+
+			c->slot_size = pt_pack_slot_size(facts->tier, cls, PAGE_SIZE);
+			c->slots_per_page = c->slot_size ? PAGE_SIZE / c->slot_size : 0;
+		}
+		pool->state = PT_PACK_STATE_PACKED;
+		atomic64_inc(&pt_pack_trees_packed);
+	} else if (reason == UVM_PT_PACK_R_DISABLED) {
+		pool->state = PT_PACK_STATE_DISABLED;
+	} else {
+		pool->state = PT_PACK_STATE_UNPACKED;
+		atomic64_inc(&pt_pack_trees_unpacked);
+		atomic_set(&pt_pack_last_reason, reason);
+	}
+	return reason;
+}
+
+bool uvm_pt_pack_active(const struct uvm_pt_pack_pool *pool)
+{
+	return pool->state == PT_PACK_STATE_PACKED && pool->tier != UVM_PT_PACK_TIER_OFF;
+}
+
+static int pt_pack_class_of(const struct uvm_pt_pack_pool *pool, unsigned int depth, u64 size)
+{
+	int cls;
+
+	if (!uvm_pt_pack_active(pool) || depth == 0)
+		return -1;
+	if (size == 256)
+		cls = UVM_PT_PACK_C256;
+	else if (size == 4096)
+		cls = UVM_PT_PACK_C4096;
+	else
+		return -1;
+	if (!pool->cls[cls].slot_size)
+		return -1;
+	return cls;
+}
+
+static inline u64 pt_pack_slot_offset(const struct uvm_pt_pack_class *c,
+				      const struct pt_pack_backing *b, unsigned int slot)
+{
+	return (u64)b->first + (u64)slot * c->slot_size;
+}
+
+/* Take a free slot of b. Pool lock held. */
+static unsigned int pt_pack_take_slot(struct uvm_pt_pack_class *c, struct pt_pack_backing *b)
+{
+	unsigned int slot = find_first_zero_bit(b->map, b->nslots);
+
+	BUG_ON(slot >= b->nslots);
+	if (UVM_PT_PACK_FAULT_INJECT != 1)
+		__set_bit(slot, b->map);
+	b->used++;
+	c->tables++;
+	atomic64_inc(&pt_pack_tables[b->cls]);
+	if (b->used == b->nslots)
+		list_move(&b->link, &c->full);
+	return slot;
+}
+
+static void pt_pack_zero_slot(struct page *page, u64 offset, unsigned int len)
+{
+	void *va = kmap(page);
+
+	memset((char *)va + offset, 0, len);
+	kunmap(page);
+}
+
+int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 size,
+		      struct page **page_out, u64 *gpu_addr_out)
+{
+	struct uvm_pt_pack_class *c;
+	struct pt_pack_backing *b;
+	struct page *page = NULL;
+	u64 gpu_addr = 0, offset;
+	unsigned int slot;
+	int cls = pt_pack_class_of(pool, depth, size);
+	int err;
+
+	if (cls < 0)
+		return UVM_PT_PACK_NOT_PACKED;
+	c = &pool->cls[cls];
+
+	spin_lock(&pool->lock);
+	if (!list_empty(&c->partial)) {
+		b = list_first_entry(&c->partial, struct pt_pack_backing, link);
+		slot = pt_pack_take_slot(c, b);
+		spin_unlock(&pool->lock);
+		goto found;
+	}
+	spin_unlock(&pool->lock);
+
+	/*
+	 * No free slot: get a new backing page with no lock held (get() may sleep,
+	 * allocate, DMA-map and push GPU work). Another thread may do the same for
+	 * this class at the same time; both pages are kept, the spare slots are used
+	 * by later allocations, so alloc never needs put() (which wants tree->lock).
+	 */
+	b = kzalloc(sizeof(*b), GFP_KERNEL);
+	if (!b)
+		return -ENOMEM;
+	err = pool->ops->get(pool->ctx, &page, &gpu_addr);
+	if (err || !page) {
+		kfree(b);
+		return err < 0 ? err : -ENOMEM;
+	}
+	WARN_ON_ONCE(page_private(page) != 0);
+
+	INIT_LIST_HEAD(&b->link);
+	b->pool = pool;
+	b->page = page;
+	b->gpu_addr = gpu_addr;
+	b->magic = PT_PACK_MAGIC;
+	b->cls = cls;
+	/*
+	 * Slots must be aligned in the GPU's address space. NVIDIA's full-page
+	 * mapping is page aligned; should a mapping ever be less aligned, start at
+	 * the first aligned offset instead of handing out misaligned tables.
+	 */
+	b->first = (unsigned int)(-gpu_addr & (u64)(c->slot_size - 1));
+	WARN_ON_ONCE(b->first);
+	b->nslots = (PAGE_SIZE - b->first) / c->slot_size;
+	set_page_private(page, (unsigned long)b);
+
+	spin_lock(&pool->lock);
+	list_add(&b->link, &c->partial);
+	c->pages++;
+	atomic64_inc(&pt_pack_pages[cls]);
+	slot = pt_pack_take_slot(c, b);
+	spin_unlock(&pool->lock);
+
+found:
+	/*
+	 * The slot is ours alone now; zero it with no lock held. A fresh page is
+	 * already zeroed by get(); a reused slot holds the previous table.
+	 */
+	offset = pt_pack_slot_offset(c, b, slot);
+	if (UVM_PT_PACK_FAULT_INJECT != 3)
+		pt_pack_zero_slot(b->page, offset, c->slot_size);
+	*page_out = b->page;
+	*gpu_addr_out = b->gpu_addr + offset;
+	if (UVM_PT_PACK_FAULT_INJECT == 2)
+		*gpu_addr_out += 128;
+	return 0;
+}
+
+bool uvm_pt_pack_free(struct uvm_pt_pack_pool *pool, struct page *page, u64 gpu_addr,
+		      u64 size)
+{
+	struct pt_pack_backing *b;
+	struct uvm_pt_pack_class *c;
+	u64 offset;
+	unsigned int slot;
+	bool release = false;
+
+	if (!uvm_pt_pack_active(pool) || !page)
+		return false;
+
+	/* Pages from NVIDIA's path (the root, unpacked sizes) have private == 0. */
+	b = (struct pt_pack_backing *)page_private(page);
+	if (!b)
+		return false;
+
+	/*
+	 * From here on the page is one of ours (or memory is corrupt): report a bad
+	 * free and keep the page rather than let NVIDIA's path free a page that
+	 * other tables may still live in.
+	 */
+	if (WARN_ON(b->magic != PT_PACK_MAGIC || b->pool != pool || b->page != page))
+		return true;
+	c = &pool->cls[b->cls];
+	if (WARN_ON(size != (b->cls == UVM_PT_PACK_C256 ? 256 : 4096)))
+		return true;
+	if (WARN_ON(gpu_addr < b->gpu_addr + b->first ||
+		    gpu_addr - b->gpu_addr - b->first >= PAGE_SIZE))
+		return true;
+	offset = gpu_addr - b->gpu_addr - b->first;
+	if (WARN_ON((unsigned int)offset % c->slot_size ||
+		    (unsigned int)offset / c->slot_size >= b->nslots))
+		return true;
+	slot = (unsigned int)offset / c->slot_size;
+
+	spin_lock(&pool->lock);
+	if (WARN_ON(!test_bit(slot, b->map))) {
+		spin_unlock(&pool->lock);
+		return true;
+	}
+	__clear_bit(slot, b->map);
+	if (b->used == b->nslots)
+		list_move(&b->link, &c->partial);   /* the fullest partial page goes first */
+	b->used--;
+	c->tables--;
+	atomic64_dec(&pt_pack_tables[b->cls]);
+	if (b->used == 0 && UVM_PT_PACK_FAULT_INJECT != 4) {
+		list_del(&b->link);
+		c->pages--;
+		atomic64_dec(&pt_pack_pages[b->cls]);
+		release = true;
+	}
+	spin_unlock(&pool->lock);
+
+	if (release) {
+		/* Unreachable from every list: nobody else can see b any more. */
+		b->magic = 0;
+		set_page_private(page, 0);
+		pool->ops->put(pool->ctx, page, b->gpu_addr);
+		kfree(b);
+	}
+	return true;
+}
+
+bool uvm_pt_pack_pool_empty(const struct uvm_pt_pack_pool *pool)
+{
+	unsigned int cls;
+
+	if (pool->state != PT_PACK_STATE_PACKED)
+		return true;
+	for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++) {
+		const struct uvm_pt_pack_class *c = &pool->cls[cls];
+
+		if (c->tables || c->pages || !list_empty(&c->partial) || !list_empty(&c->full))
+			return false;
+	}
+	return true;
+}
+
+void uvm_pt_pack_tree_deinit(struct uvm_pt_pack_pool *pool)
+{
+	switch (pool->state) {
+	case PT_PACK_STATE_PACKED:
+		/*
+		 * Every table was freed before the tree went away, so every backing
+		 * page was put: nothing may outlive GPU teardown. A leftover is a bug;
+		 * leaking it is safer than freeing pages the GPU may still walk.
+		 */
+		WARN_ON(!uvm_pt_pack_pool_empty(pool));
+		atomic64_dec(&pt_pack_trees_packed);
+		break;
+	case PT_PACK_STATE_UNPACKED:
+		atomic64_dec(&pt_pack_trees_unpacked);
+		break;
+	default:
+		break;
+	}
+	pool->tier = UVM_PT_PACK_TIER_OFF;
+	pool->state = PT_PACK_STATE_DEAD;
+}
+
+/* ---- counters: /sys/module/nvidia_uvm/parameters/uvm_pt_pack_stats, format 1 ---- */
+
+static const char *pt_pack_tier_str(int tier)
+{
+	switch (tier) {
+	case UVM_PT_PACK_TIER_4K:
+		return "4k";
+	case UVM_PT_PACK_TIER_256:
+		return "256";
+	default:
+		return "off";
+	}
+}
+
+#define PT_PACK_STATS_BUF 4096   /* sysfs hands .get a buffer of at least 4 KiB */
+
+static int pt_pack_stats_get(char *buf, const struct kernel_param *kp)
+{
+	static const char *const cls_names[UVM_PT_PACK_NR_CLASSES] = { "c256", "c4096" };
+	long long sum_backing = 0, sum_stock = 0;
+	unsigned int cls;
+	int n = 0;
+
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "format %d\n", UVM_PT_PACK_FORMAT);
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "tier %s\n",
+		       pt_pack_tier_str(uvm_pt_pack_requested_tier()));
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "page_size %lu\n", (unsigned long)PAGE_SIZE);
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "trees_packed %lld\n",
+		       (long long)atomic64_read(&pt_pack_trees_packed));
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "trees_unpacked %lld\n",
+		       (long long)atomic64_read(&pt_pack_trees_unpacked));
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "unpacked_reason %s\n",
+		       uvm_pt_pack_reason_str(atomic_read(&pt_pack_last_reason)));
+
+	for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++) {
+		long long tables = atomic64_read(&pt_pack_tables[cls]);
+		long long pages = atomic64_read(&pt_pack_pages[cls]);
+		long long backing = pages * (long long)PAGE_SIZE;
+		/* alloc_pages(get_order(size)) takes one whole page per table */
+		long long stock = tables * (long long)PAGE_SIZE;
+
+		sum_backing += backing;
+		sum_stock += stock;
+		n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "%s_tables %lld\n", cls_names[cls], tables);
+		n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "%s_pages %lld\n", cls_names[cls], pages);
+		n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "%s_backing_bytes %lld\n", cls_names[cls], backing);
+		n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "%s_stock_bytes %lld\n", cls_names[cls], stock);
+		n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "%s_saved_bytes %lld\n", cls_names[cls],
+			       stock - backing);
+	}
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "backing_bytes %lld\n", sum_backing);
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "stock_bytes %lld\n", sum_stock);
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "saved_bytes %lld\n", sum_stock - sum_backing);
+	return n;
+}
+
+static int pt_pack_stats_set(const char *val, const struct kernel_param *kp)
+{
+	return -EPERM;   /* read-only counters */
+}
+
+static const struct kernel_param_ops pt_pack_stats_ops = {
+	.set = pt_pack_stats_set,
+	.get = pt_pack_stats_get,
+};
+
+module_param_cb(uvm_pt_pack_stats, &pt_pack_stats_ops, NULL, 0444);
+MODULE_PARM_DESC(uvm_pt_pack_stats,
+		 "Page-table packing counters, one 'key value' per line (format 1, see spark-memsaver uvm_patch/README.md)");
