@@ -1,0 +1,273 @@
+"""Module signing through DKMS's own mechanism (framework.conf ``mok_signing_key`` / ``mok_certificate``).
+
+Decisions (pure: :func:`plan`), then I/O (:func:`ensure`):
+
+* Which key: the config's ``signing_key``/``signing_cert`` when set; else what DKMS's framework files
+  already set (``/etc/dkms/framework.conf`` and ``framework.conf.d/*.conf``, last assignment wins, as
+  DKMS sources them); else DKMS's own default for the distro -- Ubuntu: the shim-signed MOK
+  ``/var/lib/shim-signed/mok/MOK.priv`` + ``MOK.der`` (the key Ubuntu users already enrolled), other
+  distros: ``/var/lib/dkms/mok.key`` + ``mok.pub``. So an existing host key is always reused.
+* Creating a key: only when neither file exists, with openssl (RSA-2048, DER certificate, key 0600
+  root-owned, code-signing EKU + the module-signing-only EKU Ubuntu's shim honours). When exactly one
+  of the two exists we refuse (:class:`SigningKeyIncomplete`): DKMS itself would silently regenerate
+  BOTH, replacing a key that may be enrolled.
+* DKMS's signing settings are global (they apply to every DKMS module). We write our drop-in
+  ``/etc/dkms/framework.conf.d/spark-memsaver.conf`` only when the chosen paths differ from what DKMS
+  would use anyway; the result then says ``changes_global_signing: true`` and why (never silent). A
+  later drop-in that overrides ours is a refusal (:class:`SigningConfigConflict`).
+* The record ``/var/lib/spark-memsaver/signing.json`` names the certificate (path, subject, serial,
+  SHA-256 fingerprint; never key material). The PRE_INSTALL guard and :func:`check_module` compare a
+  module's ``sig_key`` with that serial, because DKMS never fails a build when signing fails.
+  Each signed build is appended to ``/var/lib/spark-memsaver/signed.json`` (what was signed by which
+  certificate).
+
+Private keys are never read, printed or logged here: openssl writes them, sign-file (run by DKMS) reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+from .errors import MemsaverError
+from .host import Host
+
+FRAMEWORK_CONF = "/etc/dkms/framework.conf"
+FRAMEWORK_DIR = "/etc/dkms/framework.conf.d"
+DROPIN_NAME = "spark-memsaver.conf"
+DROPIN = f"{FRAMEWORK_DIR}/{DROPIN_NAME}"
+STATE_DIR = "/var/lib/spark-memsaver"
+RECORD = f"{STATE_DIR}/signing.json"
+SIGNED_LOG = f"{STATE_DIR}/signed.json"
+UBUNTU_KEY, UBUNTU_CERT = "/var/lib/shim-signed/mok/MOK.priv", "/var/lib/shim-signed/mok/MOK.der"
+DKMS_KEY, DKMS_CERT = "/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"
+MODULE_SIGNING_EKU = "1.3.6.1.4.1.2312.16.1.2"
+
+_ASSIGN = re.compile(r"""^\s*(mok_signing_key|mok_certificate|sign_file)=(?:"([^"]*)"|'([^']*)'|(\S*))\s*(?:#.*)?$""")
+
+
+class SigningError(MemsaverError):
+    code = "signing-failed"
+    remedy = "Check the key and certificate files and openssl; 'spark-memsaver mok status' shows the key state."
+
+
+class SigningKeyIncomplete(SigningError):
+    code = "signing-key-incomplete"
+    remedy = ("Restore the missing file of the pair from a backup (if the certificate is enrolled), or remove "
+              "both files to let spark-memsaver create a new key (which then needs enrolling).")
+
+
+class SigningConfigConflict(SigningError):
+    code = "signing-config-conflict"
+    remedy = ("Another /etc/dkms/framework.conf.d file sets mok_signing_key/mok_certificate after ours; remove "
+              "one of them, or set signing_key/signing_cert in /etc/spark-memsaver/config.yaml to the same paths.")
+
+
+class ModuleNotSigned(SigningError):
+    code = "module-not-signed"
+    remedy = ("DKMS did not sign the module with the configured key (it never fails a build for that). Check "
+              "the make.log for 'Sign command'/'Signing key' lines, that sign-file exists for the kernel, and "
+              "that the key/certificate pair matches; then rebuild.")
+
+
+def os_id(host: Host) -> tuple[str, list[str]]:
+    text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release") or ""
+    fields = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            fields[k.strip()] = v.strip().strip('"')
+    return fields.get("ID", ""), fields.get("ID_LIKE", "").split()
+
+
+def dkms_distro(host: Host) -> str:
+    """What DKMS's distro_version() would say, reduced to the families that matter for signing."""
+    ident, like = os_id(host)
+    for name in [ident] + like:
+        if name.startswith("ubuntu"):
+            return "ubuntu"
+        if name.startswith("debian"):
+            return "debian"
+    return ident or "unknown"
+
+
+def framework_settings(host: Host) -> dict:
+    """{var: (value, file)} for mok_signing_key / mok_certificate / sign_file, last assignment wins."""
+    files = [FRAMEWORK_CONF] + [f"{FRAMEWORK_DIR}/{n}" for n in host.listdir(FRAMEWORK_DIR) if n.endswith(".conf")]
+    out: dict[str, tuple[str, str]] = {}
+    for f in files:
+        for line in (host.read_text(f) or "").splitlines():
+            m = _ASSIGN.match(line)
+            if m:
+                value = next(g for g in m.groups()[1:] if g is not None)
+                out[m.group(1)] = (value, f)
+    return out
+
+
+def dkms_default_pair(host: Host) -> tuple[str, str]:
+    return (UBUNTU_KEY, UBUNTU_CERT) if dkms_distro(host) == "ubuntu" else (DKMS_KEY, DKMS_CERT)
+
+
+def plan(host: Host, config) -> dict:
+    """Which key/cert DKMS will sign with once we are done, and what must change. No writes."""
+    current = framework_settings(host)
+    others = {k: v for k, v in current.items() if not v[1].endswith("/" + DROPIN_NAME)}
+    default_key, default_cert = dkms_default_pair(host)
+    if config.signing_key or config.signing_cert:
+        if not (config.signing_key and config.signing_cert):
+            raise SigningError("config sets only one of signing_key / signing_cert",
+                               remedy="Set both signing_key and signing_cert, or neither.")
+        key, cert, source = config.signing_key, config.signing_cert, f"config {config.source}"
+    elif "mok_signing_key" in others or "mok_certificate" in others:
+        key = others.get("mok_signing_key", (default_key, ""))[0]
+        cert = others.get("mok_certificate", (default_cert, ""))[0]
+        source = "dkms framework configuration (" + ", ".join(sorted({v[1] for v in others.values()})) + ")"
+    else:
+        key, cert, source = default_key, default_cert, f"DKMS default for {dkms_distro(host)}"
+    # What DKMS would use without our drop-in:
+    eff_key = others.get("mok_signing_key", (default_key, ""))[0]
+    eff_cert = others.get("mok_certificate", (default_cert, ""))[0]
+    needs_dropin = (key, cert) != (eff_key, eff_cert)
+    pkcs11 = key.startswith("pkcs11:")
+    key_exists = pkcs11 or host.exists(key)
+    cert_exists = host.exists(cert)
+    return {
+        "key": key, "cert": cert, "source": source, "pkcs11": pkcs11,
+        "key_exists": key_exists, "cert_exists": cert_exists,
+        "create": not key_exists and not cert_exists,
+        "incomplete": key_exists != cert_exists,
+        "needs_dropin": needs_dropin,
+        "changes_global_signing": needs_dropin,
+        "replaces": {"mok_signing_key": eff_key, "mok_certificate": eff_cert} if needs_dropin else None,
+        "distro": dkms_distro(host),
+    }
+
+
+def cert_info(host: Host, cert: str) -> dict:
+    """subject CN, serial (hex, upper), sha256 fingerprint of a DER or PEM certificate."""
+    path = str(host.path(cert))
+    for form in ("DER", "PEM"):
+        r = host.run(["openssl", "x509", "-inform", form, "-in", path, "-noout", "-serial", "-subject",
+                      "-fingerprint", "-sha256", "-nameopt", "multiline"], timeout=30)
+        if r.ok:
+            break
+    else:
+        raise SigningError(f"{cert} is not a readable X.509 certificate (DER or PEM)")
+    serial = re.search(r"^serial=([0-9A-Fa-f]+)", r.stdout, re.M)
+    cn = re.search(r"commonName\s*=\s*(.+)$", r.stdout, re.M)
+    fp = re.search(r"Fingerprint=([0-9A-Fa-f:]+)", r.stdout)
+    return {"cert": cert, "format": form, "serial": serial.group(1).upper() if serial else None,
+            "subject": cn.group(1).strip() if cn else None,
+            "sha256": fp.group(1).replace(":", "").lower() if fp else None}
+
+
+def _create_pair(host: Host, key: str, cert: str, distro: str) -> None:
+    kpath, cpath = host.path(key), host.path(cert)
+    for p in (kpath, cpath):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    if distro == "ubuntu":
+        hn = (os.uname().nodename.split(".")[0])[:31]
+        subject = f"/CN={hn} Secure Boot Module Signature key"
+    else:
+        subject = "/CN=DKMS module signing key"
+    tmpk, tmpc = kpath.with_name(f".{kpath.name}.tmp"), cpath.with_name(f".{cpath.name}.tmp")
+    old = os.umask(0o077)
+    try:
+        r = host.run(["openssl", "req", "-new", "-x509", "-nodes", "-days", "36500", "-subj", subject,
+                      "-newkey", "rsa:2048", "-keyout", str(tmpk), "-outform", "DER", "-out", str(tmpc),
+                      "-addext", f"extendedKeyUsage=codeSigning,{MODULE_SIGNING_EKU}",
+                      "-addext", "basicConstraints=critical,CA:FALSE"], timeout=120)
+    finally:
+        os.umask(old)
+    if not r.ok:
+        for p in (tmpk, tmpc):
+            p.unlink(missing_ok=True)
+        # openssl's stderr carries no key material
+        raise SigningError(f"openssl could not create a signing key: {r.stderr.strip()[-300:]}")
+    os.chmod(tmpk, 0o600)
+    os.chmod(tmpc, 0o644)
+    if hasattr(os, "chown") and os.geteuid() == 0:
+        os.chown(tmpk, 0, 0)
+    os.rename(tmpk, kpath)
+    os.rename(tmpc, cpath)
+
+
+def _write_atomic(host: Host, path: str, text: str, mode: int = 0o644) -> None:
+    p = host.path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.rename(tmp, p)
+
+
+def ensure(host: Host, config) -> dict:
+    """Make DKMS sign with the planned key; create it if needed; write the record. Returns the plan + cert."""
+    p = plan(host, config)
+    if p["incomplete"]:
+        have, lack = (p["key"], p["cert"]) if p["key_exists"] else (p["cert"], p["key"])
+        raise SigningKeyIncomplete(f"{have} exists but {lack} does not: DKMS would silently replace both",
+                                   key=p["key"], cert=p["cert"])
+    created = False
+    if p["create"]:
+        _create_pair(host, p["key"], p["cert"], p["distro"])
+        created = True
+    if not p["pkcs11"]:
+        st = os.stat(host.path(p["key"]))
+        if st.st_mode & 0o077:
+            raise SigningError(f"{p['key']} is readable by group or others (mode {st.st_mode & 0o777:o})",
+                               remedy=f"chmod 600 {p['key']} (the private key must be root-only).")
+    dropin_path = host.path(DROPIN)
+    if p["needs_dropin"]:
+        _write_atomic(host, DROPIN,
+                      "# Written by spark-memsaver: the key DKMS signs modules with (ALL DKMS modules).\n"
+                      f"# Chosen from: {p['source']}. Previously effective: {p['replaces']}.\n"
+                      f'mok_signing_key="{p["key"]}"\nmok_certificate="{p["cert"]}"\n')
+    elif dropin_path.exists() and "Written by spark-memsaver" in (host.read_text(DROPIN) or ""):
+        dropin_path.unlink()
+    after = framework_settings(host)
+    eff = (after.get("mok_signing_key", (dkms_default_pair(host)[0], ""))[0],
+           after.get("mok_certificate", (dkms_default_pair(host)[1], ""))[0])
+    if eff != (p["key"], p["cert"]):
+        raise SigningConfigConflict(f"DKMS would sign with {eff[0]} / {eff[1]}, not {p['key']} / {p['cert']}")
+    info = cert_info(host, p["cert"])
+    record = {"format": 1, "key": p["key"], "cert": p["cert"], "subject": info["subject"],
+              "serial": info["serial"], "sha256": info["sha256"], "source": p["source"],
+              "created_by_spark_memsaver": created or _previous_created(host, p),
+              "changes_global_signing": p["changes_global_signing"], "updated": _now()}
+    _write_atomic(host, RECORD, json.dumps(record, indent=2) + "\n")
+    return {**p, **{k: record[k] for k in ("subject", "serial", "sha256")}, "created": created, "record": RECORD}
+
+
+def _previous_created(host: Host, p: dict) -> bool:
+    try:
+        old = json.loads(host.read_text(RECORD) or "")
+    except ValueError:
+        return False
+    return bool(old.get("created_by_spark_memsaver")) and old.get("cert") == p["cert"]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def read_record(host: Host) -> dict | None:
+    try:
+        return json.loads(host.read_text(RECORD) or "")
+    except ValueError:
+        return None
+
+
+def record_signed(host: Host, entry: dict) -> None:
+    """Append {module path, dkms version, kernel, signer, serial, cert sha256, time} to signed.json."""
+    try:
+        doc = json.loads(host.read_text(SIGNED_LOG) or "")
+        if not isinstance(doc, dict) or not isinstance(doc.get("signed"), list):
+            doc = {"format": 1, "signed": []}
+    except ValueError:
+        doc = {"format": 1, "signed": []}
+    doc["signed"] = [e for e in doc["signed"] if e.get("module") != entry.get("module")][-199:]
+    doc["signed"].append({**entry, "time": _now()})
+    _write_atomic(host, SIGNED_LOG, json.dumps(doc, indent=2) + "\n")
