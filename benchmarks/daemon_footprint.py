@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""spark-memsaverd's footprint: RSS, idle wake-ups, and D-Bus round trips, on a private system bus.
+
+    sudo /usr/bin/python3 benchmarks/daemon_footprint.py [IDLE_SECONDS=180] [--root /] [--config FILE]
+
+Starts the real daemon (``--no-reconcile``: nothing on this machine is changed) on a private system-type
+dbus-daemon, waits for its first status, lets it idle, then measures:
+- RSS (VmRSS, MiB) after the idle period;
+- wake-ups per minute while idle: voluntary + involuntary context switches summed over every thread
+  (/proc/<pid>/task/*/status) — each switch-in after sleeping is one wake-up;
+- median round trip of Properties.GetAll and GetStatus (ms), from a GDBus client in this process.
+Last line, exactly: ``rss_mib=<x> wakeups_per_min=<y> getall_ms=<z>``. Goals: rss <= 30,
+wakeups <= 2 per minute at the default 60 s interval, getall <= 20.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "daemon"))
+
+from tests.support.privatebus import PrivateSystemBus, start_daemon, stop_process  # noqa: E402
+from spark_memsaver import names  # noqa: E402
+
+
+def tasks(pid: int) -> dict[str, tuple[int, int, str]]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        f = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        out[tid] = (int(f["voluntary_ctxt_switches"]), int(f["nonvoluntary_ctxt_switches"]), f["Name"].strip())
+    return out
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("idle", nargs="?", type=float, default=180.0, help="idle seconds (default 180)")
+    ap.add_argument("--root", default="/", help="root prefix the daemon inspects (default /)")
+    ap.add_argument("--config", default=None, help="config file for the daemon (default: built-in defaults)")
+    ap.add_argument("--calls", type=int, default=200, help="round trips per method (default 200)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("run as root: the daemon owns a name only root may own", file=sys.stderr)
+        return 2
+
+    work = Path(tempfile.mkdtemp(prefix="spark-memsaver-bench."))
+    bus = PrivateSystemBus(work, with_test_policy=False).start()
+    args = ["--no-reconcile", "--root", a.root] + (["--config", a.config] if a.config else [])
+    env = {"SPARK_MEMSAVER_CONFIG": a.config} if a.config else {}
+    t0 = time.monotonic()
+    p = start_daemon(bus, *args, log_path=work / "daemon.log", env=env)
+    try:
+        name_s = bus.wait_for_name(names.BUS_NAME, timeout=30, proc=p)
+        os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
+        from gi.repository import Gio, GLib
+
+        con = Gio.DBusConnection.new_for_address_sync(
+            bus.address, Gio.DBusConnectionFlags.AUTHENTICATION_CLIENT
+            | Gio.DBusConnectionFlags.MESSAGE_BUS_CONNECTION, None, None)
+
+        def call(iface, method, args, reply):
+            return con.call_sync(names.BUS_NAME, names.OBJECT_PATH, iface, method, args,
+                                 GLib.VariantType.new(reply), Gio.DBusCallFlags.NONE, 10000, None)
+
+        def state():
+            return call(names.PROPERTIES_IFACE, "Get", GLib.Variant("(ss)", (names.INTERFACE, "State")),
+                        "(v)").unpack()[0]
+        while state() == "starting":
+            time.sleep(0.05)
+        ready_s = time.monotonic() - t0
+        print(f"name owned after {name_s * 1000:.0f} ms (from spawn), first status after {ready_s * 1000:.0f} ms")
+        time.sleep(3)   # let the start-up threads finish
+        before, t_before = tasks(p.pid), time.monotonic()
+        print(f"idling {a.idle:.0f} s (interval {call(names.PROPERTIES_IFACE, 'Get', GLib.Variant('(ss)', (names.INTERFACE, 'Interval')), '(v)').unpack()[0]} s) ...", flush=True)
+        time.sleep(a.idle)
+        after, t_after = tasks(p.pid), time.monotonic()
+        minutes = (t_after - t_before) / 60
+        switches = 0
+        for tid, (v, n, name) in after.items():
+            v0, n0, _ = before.get(tid, (0, 0, name))
+            d = (v - v0) + (n - n0)
+            switches += d
+            print(f"  thread {tid} ({name}): {v - v0} voluntary + {n - n0} involuntary switches")
+        gone = set(before) - set(after)
+        if gone:
+            print(f"  threads that ended during the idle period (not counted): {sorted(gone)}")
+        wakeups = switches / minutes
+        rss = rss_kib(p.pid) / 1024
+
+        getall, getstatus = [], []
+        for _ in range(a.calls):
+            t = time.perf_counter()
+            call(names.PROPERTIES_IFACE, "GetAll", GLib.Variant("(s)", (names.INTERFACE,)), "(a{sv})")
+            getall.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            call(names.INTERFACE, "GetStatus", None, "(s)")
+            getstatus.append((time.perf_counter() - t) * 1000)
+        rss_after_calls = rss_kib(p.pid) / 1024
+        ga, gs = statistics.median(getall), statistics.median(getstatus)
+        print(f"threads: {len(after)}; RSS after idle {rss:.1f} MiB, after {2 * a.calls} calls {rss_after_calls:.1f} MiB")
+        print(f"GetAll    median {ga:.2f} ms  p90 {sorted(getall)[int(0.9 * len(getall))]:.2f} ms")
+        print(f"GetStatus median {gs:.2f} ms  p90 {sorted(getstatus)[int(0.9 * len(getstatus))]:.2f} ms")
+        print(f"goals: rss<=30 {'ok' if rss <= 30 else 'MISSED'}, wakeups<=2/min "
+              f"{'ok' if wakeups <= 2 else 'MISSED'}, getall<=20 ms {'ok' if ga <= 20 else 'MISSED'}")
+        print(f"getstatus_ms={gs:.2f}")
+        print(f"rss_mib={rss:.1f} wakeups_per_min={wakeups:.2f} getall_ms={ga:.2f}")
+        return 0
+    finally:
+        stop_process(p)
+        bus.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
