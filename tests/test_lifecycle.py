@@ -117,6 +117,17 @@ PLAN_CASES = [
     ("failed-for-other-driver-retries", snap(kern(nv="555.58.02"), rollbacks=[
         {"kernel": K, "time": "t", "code": "build-failed", "driver_to": "550.163.01", "reason": "x"}]), CFG,
      [("build-install", K)], ""),
+    ("after-prehook-unsupported-says-why", snap(kern(nv="555.58.99"), rollbacks=[
+        {"kernel": K, "time": "t", "code": "driver-changing", "driver_from": "550.163.01", "driver_to": "555.58.99",
+         "reason": "APT is about to change the NVIDIA driver"}]), CFG,
+     [("record-rollback", K)], "changed from 550.163.01 to 555.58.99; NVIDIA driver 555.58.99 is not in"),
+    ("rollback-reason-current-is-fixed-point", snap(kern(nv="555.58.99"), rollbacks=[
+        {"kernel": K, "time": "t", "code": "driver-unsupported", "driver_from": "550.163.01",
+         "reason": "NVIDIA driver changed from 550.163.01 to 555.58.99; "
+                   "NVIDIA driver 555.58.99 is not in this release's patch manifest"}]), CFG, [("stay-stock", K)], ""),
+    ("after-prehook-supported-rebuilds", snap(kern(nv="555.58.02"), rollbacks=[
+        {"kernel": K, "time": "t", "code": "driver-changing", "driver_from": "550.163.01", "reason": "x"}]), CFG,
+     [("build-install", K)], ""),
     ("back-clears-rollback", snap(kern(ours="555.58.02", nv="555.58.02"), rollbacks=[
         {"kernel": K, "time": "t", "code": "driver-unsupported", "reason": "x"}]), CFG,
      [("clear-rollback", K), ("ok", K)], ""),
@@ -530,6 +541,15 @@ def test_guard_uses_recorded_stock_path(tmp_path):
     root = _tree(tmp_path, nv="555.58.02", stock_uvm=None, ours="550.163.01",
                  extra=[("updates/vendor/nvidia-uvm.ko", sparkroot.uvm_fields("555.58.02", "S", K, False))])
     sparkroot.write(root, f"/var/lib/spark-memsaver/stock/{K}", f"/lib/modules/{K}/updates/vendor/nvidia-uvm.ko\n")
+    assert inserted(guard(root)) == [p(root, "updates/vendor/nvidia-uvm.ko")]
+
+
+def test_guard_uses_dkms_stock_record(tmp_path):
+    root = _tree(tmp_path, nv="555.58.02", stock_uvm=None, ours="550.163.01",
+                 extra=[("updates/vendor/nvidia-uvm.ko", sparkroot.uvm_fields("555.58.02", "S", K, False))])
+    sparkroot.write(root, f"/var/lib/spark-memsaver/dkms/{K}.json",
+                    json.dumps({"kernel": K, "stock_path": f"/lib/modules/{K}/updates/vendor/nvidia-uvm.ko",
+                                "stock_sha256": "x"}, indent=2))
     assert inserted(guard(root)) == [p(root, "updates/vendor/nvidia-uvm.ko")]
 
 

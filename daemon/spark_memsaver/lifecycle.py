@@ -57,10 +57,22 @@ class StepFailed(MemsaverError):
 # --- plumbing ------------------------------------------------------------------------------------
 
 def _say(progress, msg: str) -> None:
+    """progress follows the jobs contract: progress(fraction, message); progress(message) is accepted."""
     log.info("%s", msg)
     if progress is not None:
         with contextlib.suppress(Exception):
             progress(msg)
+
+
+def _fwd(progress):
+    """A progress callable for dkms.py (which calls progress(fraction, message))."""
+    if progress is None:
+        return None
+
+    def f(*args, **kw):
+        with contextlib.suppress(Exception):
+            progress(*args, **kw)
+    return f
 
 
 @contextlib.contextmanager
@@ -165,8 +177,8 @@ def record_stock(host: Host, kernel: str, snap: dict | None = None) -> str | Non
 def _remove(host: Host, config: Config, kernel: str | None, progress) -> dict:
     d = _dkms()
     if kernel is None:
-        return d.remove(host, config, all_kernels=True, progress=progress) or {}
-    return d.remove(host, config, kernel=kernel, progress=progress) or {}
+        return d.remove(host, config, all_kernels=True, progress=_fwd(progress)) or {}
+    return d.remove(host, config, kernel=kernel, progress=_fwd(progress)) or {}
 
 
 def _still_ours(host: Host, kernel: str) -> bool:
@@ -191,7 +203,7 @@ def _do_build_install(host, config, step: rc.Step, snap: dict, progress) -> dict
     try:
         with intents.intent(host, "build", k, driver_version=step.driver_to):
             _say(progress, f"{k}: building our nvidia-uvm for driver {step.driver_to}")
-            d.build(host, config, kernel=k, driver_version=step.driver_to, progress=progress)
+            d.build(host, config, kernel=k, driver_version=step.driver_to, progress=_fwd(progress))
     except MemsaverError as e:
         with contextlib.suppress(Exception):
             _remove(host, config, k, progress)  # leave nothing half-built behind
@@ -204,7 +216,7 @@ def _do_build_install(host, config, step: rc.Step, snap: dict, progress) -> dict
     try:
         with intents.intent(host, "install", k, driver_version=step.driver_to):
             _say(progress, f"{k}: installing our nvidia-uvm for driver {step.driver_to}")
-            d.install(host, config, kernel=k, progress=progress)
+            d.install(host, config, kernel=k, progress=_fwd(progress))
             info = observe.describe_module(observe.module_info(host, k, "nvidia_uvm")) or {}
             nv = rc.base_version((observe.describe_module(observe.module_info(host, k, "nvidia")) or {})
                                  .get("version"))
@@ -407,6 +419,12 @@ def apt_pre_install(host: Host, config: Config, text: str, progress=None) -> dic
         snap = observe.snapshot(host)
         steps = rc.pre_install_plan(snap, changes)
         results = execute(host, config, steps, snap, progress)
+        # what the system looked like when we acted: proves the removal came before dpkg unpacked
+        intents.append_history(host, {"event": "apt-pre-install", "time": intents.now(),
+                                      "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}"
+                                                   for c in changes],
+                                      "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
+                                      "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")]})
         for s, r in zip(steps, results):
             if r.get("ok"):
                 # say why in status even if the post step never runs (e.g. the upgrade is aborted)
@@ -438,8 +456,10 @@ def _step_lines(steps: list[dict]) -> list[str]:
 def register(root) -> None:
     import click
 
-    def progress(msg):
-        click.echo(msg, err=True)
+    def progress(*args):
+        for a in args:
+            if isinstance(a, str):
+                click.echo(a, err=True)
 
     @root.command("reconcile")
     @click.option("--json", "as_json", is_flag=True)

@@ -201,9 +201,11 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             if rel not in undone:
                 removals.append(Step("remove-override", rel, removed_reason, driver_from=built_for, driver_to=nv))
         why = why_not_build(k, snap, config, support)
+        no_retry = False
         if why is None and rb and rb.get("code") in NO_AUTO_RETRY and base_version(rb.get("driver_to")) == nv:
             why = (f"the last build for driver {nv} failed ({rb.get('reason')}); "
                    "run 'spark-memsaver install' to retry")
+            no_retry = True
         if why is None and not rebuild:
             why = "automatic builds are off (auto_build: false)"
         if why is None:
@@ -213,6 +215,16 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
         elif removed_reason:
             records_out.append(Step("record-rollback", rel, f"{removed_reason}; {why}", driver_from=built_for,
                                     driver_to=nv, code=_rollback_code(why), remedy=_remedy(why)))
+        elif rb is not None and not no_retry:
+            # Already rolled back (e.g. by the APT pre-hook, before the new driver was unpacked): keep the
+            # record, but say why it stays stock *now*, so status gives the real reason.
+            frm = base_version(rb.get("driver_from"))
+            reason = (f"NVIDIA driver changed from {frm} to {nv}; {why}" if frm and nv and frm != nv else why)
+            if rb.get("reason") != reason:
+                records_out.append(Step("record-rollback", rel, reason, driver_from=frm, driver_to=nv,
+                                        code=_rollback_code(why), remedy=_remedy(why)))
+            else:
+                steps.append(Step("stay-stock", rel, why, driver_to=nv))
         else:
             steps.append(Step("stay-stock", rel, why, driver_to=nv))
     # Loaded modules: a patched UVM loaded beside a different nvidia (only possible if forced by hand).
