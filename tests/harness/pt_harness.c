@@ -1041,7 +1041,6 @@ int LLVMFuzzerTestOneInput(const u8 *data, size_t len)
 		once = true;
 		atexit(report_ops);
 	}
-	last_reason_truth = "none";
 	engine_run(&s, 1L << 40);
 	return 0;
 }
@@ -1068,7 +1067,6 @@ int main(int argc, char **argv)
 		while (ops_done < ops) {
 			struct src s = { .rng = (seed + 0x9E3779B97F4A7C15ull * ++k) | 1 };
 
-			last_reason_truth = "none";
 			engine_run(&s, ops - ops_done < chunk ? ops - ops_done : chunk);
 		}
 		printf("fuzz: page_size=%lu ops=%ld runs=%ld backing_gets=%ld seed=%llu\n", PAGE_SIZE,
