@@ -461,6 +461,25 @@ def test_second_instance_refuses_to_start(daemon, bus, spark, tmp_path):
     assert daemon.proc.poll() is None
 
 
+def test_new_driver_source_is_noticed_by_inotify_and_settled(daemon, bus, spark):
+    # Stands in for 'apt install nvidia-kernel-source-590-open': a new tree appears under /usr/src.
+    new, other = spark / "usr/src/nvidia-590.44", spark / "usr/src/spark-memsaver-uvm-0.1"
+    try:
+        other.mkdir()
+        new.mkdir()
+        (new / "nvidia-uvm").mkdir()
+        (new / "Kbuild").write_text("# NVIDIA Kbuild\n")
+        t0 = time.monotonic()
+        daemon.wait(lambda: "590.44" in [s["version"] for s in json.loads(_get_status(bus))["driver"]["sources"]],
+                    "the new driver source in GetStatus", timeout=30)
+        assert time.monotonic() - t0 < daemon.prop("Interval")   # an event, not the sampling timer
+        assert "spark-memsaver-uvm-0.1 (ignored)" in daemon.text()
+        assert re.search(r"driver sources / kernels changed: .*nvidia-590\.44", daemon.text())
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.rmtree(other, ignore_errors=True)
+
+
 def _uevent_sockets(pid: int) -> list[str]:
     """Groups of the NETLINK_KOBJECT_UEVENT (protocol 15) sockets process ``pid`` holds."""
     inodes = set()

@@ -26,6 +26,9 @@ log = logging.getLogger("spark_memsaver.monitor")
 WATCHED_MODULES = ("nvidia", "nvidia_uvm")
 # Directories whose entries appear with a new driver source (/usr/src/nvidia-<ver>) or kernel (/lib/modules/<k>).
 WATCHED_DIRS = ("/usr/src", "/lib/modules")
+# In /usr/src only these matter (driver sources, kernel headers); our own DKMS tree there is ignored so a
+# build we run does not trigger a reconcile of itself.
+SRC_PREFIXES = ("nvidia", "linux-headers")
 SETTLE_S = 5
 
 
@@ -262,6 +265,10 @@ class Monitor:
         if event not in relevant:
             return
         p = file.get_path()
+        if os.path.dirname(p) == str(self.host.path("/usr/src")) and \
+                not os.path.basename(p).startswith(SRC_PREFIXES):
+            log.debug("file event %s: %s (ignored)", event.value_nick, p)
+            return
         log.debug("file event %s: %s", event.value_nick, p)
         if p not in self._changed_paths:
             self._changed_paths.append(p)
