@@ -312,20 +312,26 @@ def _modinfo_path(host: Host, kernel: str, name: str) -> str | None:
     return p
 
 
-def selected(host: Host, kernel: str, name: str) -> dict | None:
-    """The file module loading selects for `name` on `kernel` (modinfo -k K -n), read with kotool."""
-    p = _modinfo_path(host, kernel, name)
-    if p is None:
+def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | None:
+    """The file module loading selects for `name` on `kernel` (modinfo -k K), with its modinfo."""
+    from .observe import parse_modinfo
+    argv = ["modinfo", "-k", kernel, name]
+    if not host.is_live:
+        argv[1:1] = ["-b", str(host.root)]
+    r = host.run(argv, timeout=60)
+    if r.returncode != 0:
         return None
-    try:
-        info, _ = kotool().modinfo(str(host.path(p)))
-    except Exception as e:  # unreadable file: say so
-        return {"path": p, "error": str(e)}
-    parms = sorted({x.split(":", 1)[0] for x in info.get("parm", []) + info.get("parmtype", [])})
+    info = parse_modinfo(r.stdout)
+    p = info.get("filename")
+    if not p or p in ("(builtin)",):
+        return None
+    if not host.is_live and p.startswith(str(host.root)):
+        p = "/" + os.path.relpath(p, host.root)
+    parms = sorted({x.split(":", 1)[0] for x in info.get("parm", [])})
     return {"path": p, "version": info.get("version"), "srcversion": info.get("srcversion"),
-            "vermagic": (info.get("vermagic") or "").split(" ")[0],
-            "patch_id": info.get("spark_memsaver"), "ours": info.get("spark_memsaver") == PATCH_ID
-            or "uvm_pt_pack" in parms, "sha256": sha256(host.path(p))}
+            "vermagic": (info.get("vermagic") or "").split(" ")[0], "patch_id": info.get("spark_memsaver"),
+            "ours": info.get("spark_memsaver") == PATCH_ID or "uvm_pt_pack" in parms,
+            "sha256": sha256(host.path(p)) if digest else None}
 
 
 def kernel_config(host: Host, kernel: str) -> dict:
@@ -651,7 +657,7 @@ def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> d
         raise HeadersMissing(f"kernel headers for {kernel} are not installed (/lib/modules/{kernel}/build)",
                              kernel=kernel)
     policy_check(host, config, kernel)
-    nv = selected(host, kernel, "nvidia")
+    nv = selected(host, kernel, "nvidia", digest=False)
     if nv is None or not nv.get("version"):
         raise NoNvidiaDriver(f"no nvidia.ko is installed for kernel {kernel}", kernel=kernel)
     driver = nv["version"]
@@ -776,19 +782,20 @@ def _build_locked(host: Host, config, kernel: str, driver_version: str | None, p
                                                        "sha256", "created", "changes_global_signing", "replaces")
                           if k in signing},
               "recovered": recovered}
-    if installed_version(host, kernel) == ver and built_module(host, ver, kernel) and not rendered["changed"] \
-            and not force:
+    if not force and not rendered["changed"] and built_module(host, ver, kernel) is not None:
         v = _verify_built(host, ver, kernel, driver, signing)
         if v["ok"]:
-            result.update(status="already-built", module=v["module"], verification=v, seconds=0.0)
-            progress(1.0, "already built and installed")
+            result.update(status="already-built", module=v["module"], verification=v, seconds=0.0,
+                          log=None)
+            progress(1.0, "already built" + (" and installed" if installed_version(host, kernel) == ver else ""))
             return result
     if not host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
         r = _dkms(host, ["add", "-m", PACKAGE, "-v", ver], timeout=120)
         if not r.ok:
             _raise_for_dkms(r, f"dkms add {PACKAGE}/{ver}")
     if installed_version(host, kernel) == ver:
-        _uninstall_kernel(host, ver, kernel)
+        _uninstall_kernel(host, ver, kernel)  # rebuilding: `install` puts the new build in place
+        result["uninstalled_for_rebuild"] = True
     if kernel in kernels_of(host, ver):
         _unbuild(host, ver, kernel)
     progress(0.02, "dkms build")
@@ -894,7 +901,7 @@ def verify_installed(host: Host, kernel: str) -> dict:
     as the PRE_INSTALL guard against the nvidia.ko selected for that kernel.
     """
     sel = selected(host, kernel, MODULE)
-    nv = selected(host, kernel, "nvidia")
+    nv = selected(host, kernel, "nvidia", digest=False)
     ver = installed_version(host, kernel)
     out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": bool(sel and sel.get("ours")),
            "installed_version": ver, "nvidia": nv, "matches_dkms_copy": False, "ok": False, "problems": []}
@@ -945,7 +952,7 @@ def _target_kernels(host: Host, config, kernel: str | None, all_kernels: bool, f
                 policy_check(host, config, k)
             except KernelOutsidePolicy as e:
                 why = e.message
-        if why is None and selected(host, k, "nvidia") is None:
+        if why is None and selected(host, k, "nvidia", digest=False) is None:
             why = "no nvidia.ko"
         (skipped.append({"kernel": k, "reason": why}) if why else ks.append(k))
     return ks, skipped

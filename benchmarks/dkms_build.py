@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""Benchmark: our DKMS build (patched nvidia-uvm only) vs a stock full-driver DKMS build, same kernel.
+
+    sudo PYTHONPATH=daemon /usr/bin/python3 benchmarks/dkms_build.py [--runs N] [--kernel K] [--jobs J]
+
+ours : ``spark_memsaver.dkms.build(..., force=True)`` wall time = everything a user waits for
+       (preflight incl. the patch dry run, render, dkms build of nvidia-uvm + conftest stub, signing,
+       verification against the installed nvidia.ko).
+stock: ``dkms build`` wall time of Debian's own ``nvidia-current-open`` DKMS package for the same NVIDIA
+       version (all five modules: nvidia, nvidia-modeset, nvidia-drm, nvidia-uvm, nvidia-peermem, signed
+       by DKMS), registered from Debian's ``nvidia-open-kernel-dkms`` tree. On Debian's 6.1.192 headers
+       550's nv-pci.c needs the one-line pci_resize_resource fix (harness brief 1c); it is applied to that
+       copy, nothing else changes.
+Runs alternate (ours, stock, ours, stock, ...) so load changes on this shared machine hit both alike.
+Prints every run, the medians and the ratio ours/stock (goal <= 0.6). Leaves the host as it found it
+(stock driver from tests/support/stockdriver.py installed for the run, removed afterwards if it was
+not there before; both DKMS registrations removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "daemon"))
+sys.path.insert(0, str(REPO))
+
+from spark_memsaver import dkms  # noqa: E402
+from spark_memsaver.config import Config  # noqa: E402
+from spark_memsaver.host import Host  # noqa: E402
+from tests.support import nvsrc, stockdriver  # noqa: E402
+
+DRIVER = "550.163.01"
+STOCK_PKG = "nvidia-current-open"
+
+
+def sh(*argv, check=True, **kw):
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        sys.exit(f"{' '.join(map(str, argv))} failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+    return p
+
+
+def stock_register(kernel: str) -> str:
+    src = Path(f"/usr/src/{STOCK_PKG}-{DRIVER}")
+    if not src.exists():
+        shutil.copytree(nvsrc.nvidia_source(DRIVER), src, symlinks=True)
+        stockdriver._fix_pci_resize(src, kernel)
+        (src / ".spark-memsaver-benchmark").write_text("copied by benchmarks/dkms_build.py\n")
+    if not Path(f"/var/lib/dkms/{STOCK_PKG}/{DRIVER}").exists():
+        sh("dkms", "add", "-m", STOCK_PKG, "-v", DRIVER)
+    return str(src)
+
+
+def stock_build(kernel: str, jobs: str) -> float:
+    if Path(f"/var/lib/dkms/{STOCK_PKG}/{DRIVER}/{kernel}").exists():
+        sh("dkms", "unbuild", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel)
+    t0 = time.monotonic()
+    sh("nice", "-n", dkms.NICE, "dkms", "build", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel, "-j", jobs)
+    return time.monotonic() - t0
+
+
+def stock_cleanup(kernel: str) -> None:
+    if Path(f"/var/lib/dkms/{STOCK_PKG}/{DRIVER}").exists():
+        sh("dkms", "remove", "-m", STOCK_PKG, "-v", DRIVER, "--all", check=False)
+    src = Path(f"/usr/src/{STOCK_PKG}-{DRIVER}")
+    if (src / ".spark-memsaver-benchmark").exists():
+        shutil.rmtree(src)
+
+
+def ours_build(host: Host, cfg: Config, kernel: str) -> float:
+    t0 = time.monotonic()
+    dkms.build(host, cfg, kernel=kernel, force=True)
+    return time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--kernel", default=None)
+    ap.add_argument("--jobs", default=os.environ.get("SPARK_MEMSAVER_BUILD_JOBS", "2"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (real dkms builds)")
+    kernel = args.kernel or nvsrc.x86_headers()[0]
+    os.environ["SPARK_MEMSAVER_BUILD_JOBS"] = args.jobs
+    host, cfg = Host("/"), Config(kernels="all")
+    had_stock = Path(stockdriver.module_dir(DRIVER, kernel)).exists()
+    stockdriver.install_stock(DRIVER, kernel)
+    ours, stock = [], []
+    try:
+        stock_register(kernel)
+        for i in range(args.runs):
+            load = os.getloadavg()[0]
+            ours.append(ours_build(host, cfg, kernel))
+            print(f"run {i + 1}: ours  {ours[-1]:7.1f} s  (load avg at start {load:.1f})", flush=True)
+            load = os.getloadavg()[0]
+            stock.append(stock_build(kernel, args.jobs))
+            print(f"run {i + 1}: stock {stock[-1]:7.1f} s  (load avg at start {load:.1f})", flush=True)
+    finally:
+        stock_cleanup(kernel)
+        if dkms.registered_versions(host):
+            dkms.remove(host, cfg, all_kernels=True)
+        if not had_stock:
+            stockdriver.uninstall_stock(DRIVER, kernel)
+    mo, ms = statistics.median(ours), statistics.median(stock)
+    print(f"kernel {kernel}, NVIDIA {DRIVER}, -j{args.jobs}, {args.runs} run(s) each, {os.cpu_count()} CPUs")
+    print(f"ours  (spark-memsaver-uvm: nvidia-uvm only)  median {mo:7.1f} s  runs {[round(x, 1) for x in ours]}")
+    print(f"stock ({STOCK_PKG}: full driver)    median {ms:7.1f} s  runs {[round(x, 1) for x in stock]}")
+    print(f"ratio ours/stock = {mo / ms:.2f}  (goal <= 0.60)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
