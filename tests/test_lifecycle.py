@@ -327,6 +327,28 @@ def test_parse_apt_v2_v1_remove_and_bad_input():
     assert rc.driver_changes(rc.parse_apt_hook(other)) == []
 
 
+def test_apt_doors_never_abort_apt(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    # garbage on the hook's stdin: a clear message, exit 0 (APT goes on; later doors and the guard remain)
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(tmp_path), "reconcile",
+                        "--apt-pre-install"], input="VERSION 9\n\nx\n", capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "unsupported APT hook protocol" in r.stderr
+    # the configured command with our program missing (package removed, conffile kept): APT still succeeds
+    conf = (REPO / "systemd/apt/90spark-memsaver").read_text()
+    cmd = conf.split('DPkg::Pre-Install-Pkgs { "', 1)[1].split('"', 1)[0]
+    assert cmd.split()[0] in conf.split("DPkg::Tools::Options::", 1)[1]   # the v3 option names the program
+    gone = cmd.replace("/usr/lib/spark-memsaver/apt-pre-install", str(tmp_path / "absent"))
+    r = subprocess.run(["sh", "-c", gone], input=V3 * 200, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    # the hook script itself drains its input and exits 0 whatever happens
+    r = subprocess.run(["sh", str(REPO / "systemd/apt/apt-pre-install")], input=V3 * 200, capture_output=True,
+                       text=True, timeout=60, env=dict(env, PATH="/usr/bin:/bin"))
+    assert r.returncode == 0
+
+
 @pytest.mark.parametrize("names", ["nvidia-kernel-source-580-open", "nvidia-dkms-580-open", "nvidia-open-kernel-dkms",
                                    "nvidia-kernel-open-dkms", "linux-modules-nvidia-580-open-6.17.0-1014-nvidia",
                                    "linux-objects-nvidia-580-open-6.14.0-1011-oracle", "nvidia-driver-580-open",

@@ -24,6 +24,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from .config import Config
+from .errors import UsageError
 
 # Secure Boot states in which a module we sign will load (same as decide.SB_LOADABLE).
 SB_LOADABLE = ("not-needed", "enrolled")
@@ -278,8 +279,9 @@ DRIVER_PACKAGE_RE = re.compile(
     r"|linux-(?:modules|objects|signatures)-nvidia-[\w.+-]+)$")
 
 
-class HookInputError(ValueError):
-    pass
+class HookInputError(UsageError, ValueError):
+    code = "hook-input-invalid"
+    remedy = "Check DPkg::Tools::Options::<hook>::Version in /etc/apt/apt.conf.d/90spark-memsaver (expects 3)."
 
 
 def parse_apt_hook(text: str) -> list[dict]:
@@ -304,7 +306,7 @@ def parse_apt_hook(text: str) -> list[dict]:
         return out
     version = head.split()[1]
     if version not in ("2", "3"):
-        raise HookInputError(f"unsupported hook protocol {head!r}")
+        raise HookInputError(f"unsupported APT hook protocol {head!r}")
     try:
         blank = lines.index("", 1)
     except ValueError:
