@@ -501,7 +501,7 @@ class Container:
                    "SYSTEMD_COLORS": "0"}
         environ.update(env or {})
         argv = [str(a) for a in argv]
-        full = ["nsenter", "-t", str(self.pid), "-a", "-r", f"--wd={cwd}", "env", "-i",
+        full = ["nsenter", "-t", str(self.pid), "-a", "-r", "-w", "env", "-i", f"--chdir={cwd}",
                 *[f"{k}={v}" for k, v in environ.items()], *argv]
         try:
             r = subprocess.run(full, input=input, text=True, errors="replace", timeout=timeout,
