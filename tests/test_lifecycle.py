@@ -309,6 +309,18 @@ def test_parse_apt_v3_and_driver_changes():
     assert len(ch) == 1 and ch[0]["new_driver"] == "555.58.02"
 
 
+def test_parse_apt_v3_as_apt_sends_it():
+    # captured from apt 2.6.1 (Debian 12) in a container: DPkg::Tools::Options::tee::Version "3"
+    real = ("VERSION 3\nCommandLine::AsString=apt-get%20install%20-y%20/root/dummy_2.0-1_all.deb\n\n"
+            "nvidia-kernel-source-dummy 1.0-1 all none < 2.0-1 all none /root/dummy_2.0-1_all.deb\n"
+            "nvidia-kernel-source-dummy 1.0-1 all none < 2.0-1 all none **CONFIGURE**\n")
+    acts = rc.parse_apt_hook(real)
+    assert [(a["name"], a["old"], a["new"], a["action"]) for a in acts] == [
+        ("nvidia-kernel-source-dummy", "1.0-1", "2.0-1", "/root/dummy_2.0-1_all.deb"),
+        ("nvidia-kernel-source-dummy", "1.0-1", "2.0-1", "**CONFIGURE**")]
+    assert [c["new_driver"] for c in rc.driver_changes(acts)] == [None]   # "2.0" names no driver: acts as change
+
+
 def test_parse_apt_v2_v1_remove_and_bad_input():
     v2 = "VERSION 2\nA=b\n\nnvidia-driver-580-open 580.95.05-0ubuntu1 < 580.142-0ubuntu1 /x/n.deb\n" \
          "nvidia-dkms-580-open 580.95.05-0ubuntu1 < - **REMOVE**\n"
