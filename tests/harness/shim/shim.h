@@ -58,6 +58,7 @@ static inline void list_add_tail(struct list_head *n, struct list_head *h) { __l
 static inline void __list_del(struct list_head *e) { e->next->prev = e->prev; e->prev->next = e->next; }
 static inline void list_del(struct list_head *e) { __list_del(e); e->next = (void *)0x100; e->prev = (void *)0x122; }
 static inline void list_move(struct list_head *e, struct list_head *h) { __list_del(e); list_add(e, h); }
+static inline void list_move_tail(struct list_head *e, struct list_head *h) { __list_del(e); list_add_tail(e, h); }
 static inline int list_empty(const struct list_head *h) { return READ_ONCE(h->next) == h; }
 #define list_entry(p, t, m) container_of(p, t, m)
 #define list_first_entry(h, t, m) list_entry((h)->next, t, m)
