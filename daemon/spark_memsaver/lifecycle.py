@@ -233,6 +233,9 @@ def _do_build_install(host, config, step: rc.Step, snap: dict, progress) -> dict
         return {"ok": False, "error": e.to_dict(), "rollback": _public(rec)}
     if intents.clear_rollback(host, k):
         _say(progress, f"{k}: the patched module is back; rollback record cleared")
+    for op in ("build", "install", "remove", "rollback", "register"):
+        # an older interruption for this kernel whose undo failed is moot now: state is verified good
+        intents.clear_intent(host, intents.intent_id(op, k))
     return {"ok": True, "selected": info.get("path"), "version": info.get("version"),
             "signer": info.get("signer"), "srcversion": info.get("srcversion")}
 
