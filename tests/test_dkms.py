@@ -129,6 +129,39 @@ def dummy_module(host_env):
     return kernel
 
 
+def dkms_release(suite: str = "trixie") -> Path:
+    """The real dkms script of another Debian release (trixie: 3.2.2, i.e. DKMS >= 3.1 semantics), unpacked
+    from Debian's .deb into the test cache (a private apt state; the system's apt is untouched)."""
+    import fcntl
+    base = nvsrc.cache_dir() / "dkms-release" / suite
+    exe = base / "root/usr/sbin/dkms"
+    if exe.exists():
+        return exe
+    (nvsrc.cache_dir() / "locks").mkdir(parents=True, exist_ok=True)
+    with open(nvsrc.cache_dir() / "locks" / f"dkms-release-{suite}.lock", "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        if exe.exists():
+            return exe
+        apt = base / "apt"
+        for sub in ("lists/partial", "parts", "prefs", "cache/archives/partial"):
+            (apt / sub).mkdir(parents=True, exist_ok=True)
+        (apt / "sources.list").write_text(f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+                                          f"{nvsrc.debian_mirror()} {suite} main\n")
+        opts = [f"-o=Dir::Etc::SourceList={apt}/sources.list", f"-o=Dir::Etc::SourceParts={apt}/parts",
+                f"-o=Dir::Etc::PreferencesParts={apt}/prefs", f"-o=Dir::State::Lists={apt}/lists",
+                f"-o=Dir::Cache={apt}/cache", "-o=APT::Architectures::=amd64"]
+        sh("apt-get", *opts, "update", check=True)
+        dl = base / "debs"
+        dl.mkdir(exist_ok=True)
+        sh("apt-get", *opts, "download", "dkms", cwd=dl, check=True)
+        deb = sorted(dl.glob("dkms_*.deb"))[-1]
+        tmp = base / "root.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        sh("dpkg-deb", "-x", deb, tmp, check=True)
+        os.rename(tmp, base / "root")
+    return exe
+
+
 # ------------------------------------------------------------------------------------------------
 # Pure parts (no root needed for these, but they live with the DKMS tests)
 
@@ -433,6 +466,27 @@ def test_install_again_is_idempotent(host_env, installed):
     assert selected_path(kernel) == f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko"
 
 
+def test_dkms_3_2_install_moves_stock_into_original_module(host_env, installed, monkeypatch):
+    """DKMS >= 3.1 (here Debian trixie's real 3.2.2 script) moves the stock nvidia-uvm into
+    /var/lib/dkms/<pkg>/original_module on install. Our install must still verify the override; the
+    removal test below then runs 3.0.10, which restores nothing and deletes original_module: only our
+    backup + repair can bring the stock file back."""
+    host, kernel, stock = host_env
+    exe = dkms_release("trixie")
+    ver = installed["installed"][0]["dkms_version"]
+    dkms._uninstall_kernel(host, ver, kernel)   # back to stock, build kept
+    assert selected_path(kernel) == stock["nvidia_uvm"]
+    monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(exe))
+    assert dkms.dkms_version(host).startswith("3.2")
+    r = dkms.install(host, CFG, kernel=kernel)["installed"][0]
+    assert r["build"] == "already-built"
+    assert selected_path(kernel) == f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko"
+    assert not Path(stock["nvidia_uvm"]).exists(), "DKMS 3.2 should have moved the stock file away"
+    archived = list(Path(f"/var/lib/dkms/{dkms.PACKAGE}/original_module/{kernel}").rglob("nvidia-uvm.ko*"))
+    assert archived and dkms.sha256(archived[0]) == stock["nvidia_uvm_sha256"]
+    assert dkms.verify_installed(host, kernel)["ok"]
+
+
 def test_cli_refuses_kernel_outside_policy(host_env, installed, tmp_path):
     host, kernel, stock = host_env
     cfg = tmp_path / "config.yaml"
@@ -450,8 +504,9 @@ def test_remove_after_source_deleted_restores_stock_and_spares_others(host_env, 
     host, kernel, stock = host_env
     ver = installed["installed"][0]["dkms_version"]
     shutil.rmtree(f"/usr/src/{dkms.PACKAGE}-{ver}")  # behind DKMS's back
-    res = dkms.remove(host, CFG, kernel=kernel)
+    res = dkms.remove(host, CFG, kernel=kernel)  # DKMS 3.0.10 again
     assert res["recovered"] == [ver]
+    assert any("restored" in a for r in res["restored"] for a in r["actions"]), res["restored"]
     assert selected_path(kernel) == stock["nvidia_uvm"]
     assert dkms.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
     nothing_of_ours(kernel, stock)

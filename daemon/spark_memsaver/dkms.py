@@ -290,11 +290,16 @@ def running_kernel(host: Host) -> str:
     return k
 
 
+def dkms_cmd() -> str:
+    """The dkms program: $SPARK_MEMSAVER_DKMS (tests run other real DKMS releases this way), else dkms."""
+    return os.environ.get("SPARK_MEMSAVER_DKMS") or "dkms"
+
+
 def dkms_version(host: Host) -> str:
-    exe = host.runner.which("dkms")
+    exe = host.runner.which(dkms_cmd()) if "/" not in dkms_cmd() else (dkms_cmd() if os.access(dkms_cmd(), os.X_OK) else None)
     if not exe:
         raise DkmsMissing("dkms is not installed")
-    r = host.run(["dkms", "--version"], timeout=30)
+    r = host.run([dkms_cmd(), "--version"], timeout=30)
     m = re.search(r"(\d+\.\d+(?:\.\d+)?)", r.stdout + r.stderr)
     return m.group(1) if m else "unknown"
 
@@ -467,12 +472,12 @@ def _raise_for_dkms(res, what: str, log_path: str | None = None, extra: str = ""
 def _dkms(host: Host, args: list[str], timeout: float = 600, poll=None):
     """Run dkms; while it runs, call poll() every second (progress)."""
     if poll is None:
-        return host.run(["dkms"] + args, timeout=timeout)
+        return host.run([dkms_cmd()] + args, timeout=timeout)
     box: dict = {}
 
     def target():
         try:
-            box["res"] = host.run(["nice", "-n", NICE, "dkms"] + args, timeout=timeout)
+            box["res"] = host.run(["nice", "-n", NICE, dkms_cmd()] + args, timeout=timeout)
         except BaseException as e:  # re-raised in the caller's thread
             box["err"] = e
 
@@ -882,6 +887,7 @@ def _protect_foreign(host: Host, kernel: str, ours_digest: str | None):
 
 
 def _uninstall_kernel(host: Host, ver: str, kernel: str) -> None:
+    _backup_originals(host, kernel)  # DKMS 3.0.x deletes original_module/ on uninstall without restoring it
     built = built_module(host, ver, kernel)
     restore = _protect_foreign(host, kernel, sha256(built) if built else None)
     try:
@@ -1113,7 +1119,6 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
         done, restored = [], []
         for i, k in enumerate(kernels):
             progress(i / max(1, len(kernels)), f"removing from {k}")
-            _backup_originals(host, k)
             for ver in registered_versions(host):
                 if installed_version(host, k) == ver:
                     _uninstall_kernel(host, ver, k)
