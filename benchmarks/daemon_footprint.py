@@ -44,6 +44,17 @@ def tasks(pid: int) -> dict[str, tuple[int, int, str]]:
     return out
 
 
+def timeslices(pid: int) -> int:
+    """Sum over threads of /proc/<pid>/task/<tid>/schedstat's third field (times scheduled in)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            n += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[2])
+        except (OSError, IndexError, ValueError):
+            pass
+    return n
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -88,11 +99,14 @@ def main() -> int:
             time.sleep(0.05)
         ready_s = time.monotonic() - t0
         print(f"name owned after {name_s * 1000:.0f} ms (from spawn), first status after {ready_s * 1000:.0f} ms")
+        interval = call(names.PROPERTIES_IFACE, "Get", GLib.Variant("(ss)", (names.INTERFACE, "Interval")),
+                        "(v)").unpack()[0]
         time.sleep(3)   # let the start-up threads finish
-        before, t_before = tasks(p.pid), time.monotonic()
-        print(f"idling {a.idle:.0f} s (interval {call(names.PROPERTIES_IFACE, 'Get', GLib.Variant('(ss)', (names.INTERFACE, 'Interval')), '(v)').unpack()[0]} s) ...", flush=True)
+        print(f"idling {a.idle:.0f} s (interval {interval} s) ...", flush=True)
+        # Nothing talks to the daemon from here until the second reading.
+        before, t_before, sched0 = tasks(p.pid), time.monotonic(), timeslices(p.pid)
         time.sleep(a.idle)
-        after, t_after = tasks(p.pid), time.monotonic()
+        after, t_after, sched1 = tasks(p.pid), time.monotonic(), timeslices(p.pid)
         minutes = (t_after - t_before) / 60
         switches = 0
         for tid, (v, n, name) in after.items():
@@ -104,6 +118,8 @@ def main() -> int:
         if gone:
             print(f"  threads that ended during the idle period (not counted): {sorted(gone)}")
         wakeups = switches / minutes
+        print(f"  schedstat: scheduled in {sched1 - sched0} times ({(sched1 - sched0) / minutes:.2f}/min); "
+              f"context switches {switches} ({wakeups:.2f}/min) over {t_after - t_before:.0f} s")
         rss = rss_kib(p.pid) / 1024
 
         getall, getstatus = [], []

@@ -319,6 +319,11 @@ class Daemon:
         except Unsupported:
             self.refresh_status(why)
             return
+        except Exception as e:   # a broken lifecycle module: say so, keep observing
+            log.exception("reconcile unavailable")
+            self._set_error(MemsaverError(f"reconcile unavailable: {type(e).__name__}: {e}"))
+            self.refresh_status(why)
+            return
         if self.jobs.busy:
             self._reconcile_pending = True
             return
