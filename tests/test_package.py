@@ -126,6 +126,15 @@ def test_bash_completion_is_clicks(deb, tmp_path):
     assert "_SPARK_MEMSAVER_COMPLETE=bash_complete" in text and "complete -o nosort -F" in text
     r = subprocess.run(["bash", "-n", str(comp)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    # bash completes "spark-memsaver mo<TAB>" to "mok" through the shipped function and the real CLI
+    wrapper = tmp_path / "spark-memsaver"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={REPO}/daemon exec /usr/bin/python3 -c "
+                       "'import sys; sys.argv[0] = \"spark-memsaver\"; from spark_memsaver.cli import main; main()'\n")
+    wrapper.chmod(0o755)
+    r = subprocess.run(["bash", "-c", f'source "{comp}"; COMP_WORDS=(spark-memsaver mo); COMP_CWORD=1; '
+                        f'_spark_memsaver_completion "{wrapper}"; echo "${{COMPREPLY[@]}}"'],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["mok"], (r.stdout, r.stderr)
 
 
 def test_lintian_no_errors(deb):
