@@ -604,6 +604,22 @@ def test_unsupported_when_an_operation_module_is_absent(monkeypatch):
     monkeypatch.setitem(dmod.OPERATIONS, "build", ("no_such_module_here", "build"))
     with pytest.raises(Unsupported):
         dmod.resolve_operation("build")
+    with pytest.raises(Unsupported):
+        dmod.operation_available("build")       # decided on the loop, without importing anything
     monkeypatch.setitem(dmod.OPERATIONS, "build", ("names", "no_such_function"))
     with pytest.raises(Unsupported):
         dmod.resolve_operation("build")
+    # A present module is resolved in the worker: its function's absence fails the job with Unsupported.
+    with pytest.raises(Unsupported):
+        dmod.call_operation("build", dmod.operation_available("build"), None, None, None)
+    calls = []
+
+    def takes_progress(host, config, progress=None, kernel=None):
+        calls.append((host, config, progress, kernel))
+        return {"ok": True}
+
+    def no_progress(host, config, password):   # mok.request_enrollment's shape
+        return password == "pw"
+    assert dmod.call_operation("build", takes_progress, "H", "C", "P", kernel="k") == {"ok": True}
+    assert calls == [("H", "C", "P", "k")]
+    assert dmod.call_operation("request-enrollment", no_progress, "H", "C", "P", password="pw") is True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -57,6 +58,26 @@ def resolve_operation(op: str):
         raise Unsupported(f"'{op}' is not available: {modname}.{fname} is missing",
                           remedy="Install the complete spark-memsaver package.")
     return fn
+
+
+def operation_available(op: str):
+    """Cheap check on the main loop: the callable when its module is already imported, None when the module
+    exists but is not imported yet (the worker imports it, so a slow import never blocks the loop), and
+    Unsupported when the module is absent."""
+    full = f"{__package__}.{OPERATIONS[op][0]}"
+    if full in sys.modules:
+        return resolve_operation(op)
+    if importlib.util.find_spec(full) is None:
+        raise Unsupported(f"'{op}' is not available: this build of spark-memsaver has no {OPERATIONS[op][0]} "
+                          "module", remedy="Install the complete spark-memsaver package.")
+    return None
+
+
+def call_operation(op: str, fn, host, config, progress, **kwargs):
+    """Worker side: import if needed, pass ``progress`` when the function takes it."""
+    fn = fn or resolve_operation(op)
+    extra = {"progress": progress} if _accepts(fn, "progress") else {}
+    return fn(host, config, **kwargs, **extra)
 
 
 def _accepts(fn, name: str) -> bool:
@@ -275,19 +296,13 @@ class Daemon:
     def start_operation(self, op: str, kwargs: dict, caller) -> int:
         """Start one of OPERATIONS as a job; returns its id at once."""
         self._check_accepting()
-        fn = resolve_operation(op)
-        if "progress" in kwargs:
-            del kwargs["progress"]
+        fn = operation_available(op)
+        kwargs.pop("progress", None)
         if op == "rollback":
             kwargs.setdefault("reason", f"requested over D-Bus by uid {caller.uid}")
         host, config = self.host, self.config
-        takes_progress = _accepts(fn, "progress")
-
-        def run(progress):
-            extra = {"progress": progress} if takes_progress else {}
-            return fn(host, config, **kwargs, **extra)
-
-        job = self.jobs.start(op, run, uid=caller.uid, then=self._after_job)
+        job = self.jobs.start(op, lambda progress: call_operation(op, fn, host, config, progress, **kwargs),
+                              uid=caller.uid, then=self._after_job)
         return job.id
 
     def start_refresh(self, caller) -> int:
@@ -315,7 +330,7 @@ class Daemon:
         if self._stopping:
             return
         try:
-            fn = resolve_operation("reconcile")
+            fn = operation_available("reconcile")
         except Unsupported:
             self.refresh_status(why)
             return
@@ -329,9 +344,7 @@ class Daemon:
             return
         log.info("reconcile: %s", why)
         host, config = self.host, self.config
-        takes_progress = _accepts(fn, "progress")
-        self.jobs.start("reconcile", lambda progress: fn(host, config, **({"progress": progress}
-                                                                            if takes_progress else {})),
+        self.jobs.start("reconcile", lambda progress: call_operation("reconcile", fn, host, config, progress),
                         uid=0, then=self._after_job)
 
     def _after_job(self, job, refresh: bool = True) -> None:
