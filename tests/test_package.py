@@ -104,6 +104,45 @@ def test_deb_fields_and_contents(deb):
     assert "/etc/spark-memsaver/config.yaml" in ctrl.split()
 
 
+def _unit_settings(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";", "[")) and "=" in line:
+            k, v = line.split("=", 1)
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+
+
+def test_unit_keeps_what_the_daemon_must_do():
+    """The unit's sandbox leaves writable exactly what DKMS, depmod, initramfs and our state need."""
+    s = _unit_settings((REPO / "systemd/spark-memsaverd.service").read_text())
+    assert s["Type"] == ["dbus"] and s["BusName"] == [BUS_NAME]
+    assert s["ExecStart"] == ["/usr/bin/spark-memsaverd"] and s["Restart"] == ["on-failure"]
+    assert s["ProtectSystem"] == ["strict"]
+    rw = {p.lstrip("-") for v in s["ReadWritePaths"] for p in v.split()}
+    for path in ("/var/lib/dkms", "/lib/modules", "/usr/lib/modules", "/usr/src", "/boot", "/etc/dkms"):
+        assert path in rw, f"{path} is not writable for the daemon"
+    assert s["StateDirectory"] == ["spark-memsaver"] and s["CacheDirectory"] == ["spark-memsaver"]
+    assert s["ConfigurationDirectory"] == ["spark-memsaver"]
+    assert "PrivateUsers" not in s and "PrivateNetwork" not in s       # they break uevents
+    assert s.get("ProtectKernelModules", ["no"]) == ["no"]             # it loads modules
+    caps = s["CapabilityBoundingSet"][0].split()
+    assert "CAP_SYS_MODULE" in caps
+    assert "AF_NETLINK" in s["RestrictAddressFamilies"][0].split()     # pyudev
+    assert "@module" in s["SystemCallFilter"][0].split()
+    # every hardening line is documented: a comment right above each group
+    text = (REPO / "systemd/spark-memsaverd.service").read_text().splitlines()
+    for i, line in enumerate(text):
+        key = line.split("=", 1)[0]
+        if key in ("ReadWritePaths", "ProtectSystem", "CapabilityBoundingSet", "SystemCallFilter",
+                   "ProtectKernelTunables", "ProtectKernelModules", "RestrictAddressFamilies"):
+            j = i - 1
+            while j >= 0 and text[j].split("=", 1)[0] in s and not text[j].startswith("#"):
+                j -= 1
+            assert j >= 0 and text[j].startswith("#"), f"undocumented hardening line: {line}"
+
+
 def test_maintainer_scripts(deb, tmp_path):
     subprocess.run(["dpkg-deb", "-e", str(deb), str(tmp_path / "c")], check=True)
     for name in ("postinst", "prerm", "postrm"):
