@@ -553,3 +553,19 @@ def test_bad_usage_exits_2_without_traceback(args, needle, tmp_path):
 def test_validate_refuses_a_root_prefix(tmp_path):
     p = run_cli(["--root", str(tmp_path), "validate", "--json"], {"SPARK_MEMSAVER_LIBCUDA": "/nonexistent"})
     assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "validate-usage"
+
+
+def test_second_concurrent_run_is_refused(tmp_path, monkeypatch):
+    import fcntl
+    lock = tmp_path / "validate.lock"
+    monkeypatch.setattr(V._single_run, "PATH", str(lock))
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(V.ValidateBusy) as ei:
+            V.validate(Host("/"), 2, 20, 4)
+        assert ei.value.exit_code == 1
+    finally:
+        os.close(fd)
+    with V._single_run():      # free again once the holder is gone
+        pass

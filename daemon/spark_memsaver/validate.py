@@ -1150,6 +1150,8 @@ def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout
     started = time.time()
     t0 = time.monotonic()
     ident = identity(host)
+    from .observe import uvm_holders
+    others = [h for h in uvm_holders(host) if h["pid"] != os.getpid()]
     readings = {"before": _uvm(host), "peak": None, "after": None}
     klog = KernelLog(host)
     klog.start()
@@ -1204,12 +1206,19 @@ def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout
                       check(c["name"], SKIP, "no peak reading: the worker stopped before its peak")
                       for c in packing_checks(readings["before"], after, after))
     elif terminal is None:
-        checks.extend(packing_checks(readings["before"], readings["peak"], readings["after"]))
+        pc = packing_checks(readings["before"], readings["peak"], readings["after"])
+        if others:  # the counters are global: another UVM user moves them too
+            note = (" (other processes held /dev/nvidia-uvm during the run: "
+                    + ", ".join(f"{h['comm']}[{h['pid']}]" for h in others[:5])
+                    + "; stop them for a clean baseline)")
+            pc = [dict(c, detail=c["detail"] + note) if c["status"] == FAIL else c for c in pc]
+        checks.extend(pc)
     messages = klog.collect()
     events_log = scan_messages(messages)
     if terminal is None or events_log:
         checks.append(log_check(klog.source, klog.reason, events_log))
     ident["uvm"] = {k: after.get(k) for k in ("loaded", "version", "srcversion", "patched", "parameters")}
+    ident["other_uvm_users"] = others
     counters = {k: (v or {}).get("packing") for k, v in readings.items()}
     counters["source"] = "/sys/module/nvidia_uvm/parameters/uvm_pt_pack_stats"
     counters["after_settle_s"] = round(time.monotonic() - t_wait, 2)
@@ -1223,13 +1232,45 @@ def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout
                         finished=time.time())
 
 
+class ValidateBusy(MemsaverError):
+    code = "validate-busy"
+    remedy = "Wait for the other 'spark-memsaver validate' to finish: two runs would read each other's counters."
+
+
+class _single_run:
+    """An exclusive flock on /run/lock/spark-memsaver-validate.lock (where it can be created)."""
+
+    PATH = "/run/lock/spark-memsaver-validate.lock"
+
+    def __enter__(self):
+        import fcntl
+        self.fd = None
+        try:
+            self.fd = os.open(self.PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return self  # not root, or no /run/lock: nothing to share it with that could use it either
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise ValidateBusy("another 'spark-memsaver validate' is running on this node") from None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+        return False
+
+
 def validate(host, max_gib, duration, threads, report_path: str | None = None) -> dict:
     """Check arguments, run, save (root: the state file; --report: that path). Returns the report."""
     params = check_args(max_gib, duration, threads)
     if not host.is_live:
         raise ValidateUsage("validate drives the GPU of the running system: it cannot use --root",
                             remedy="Run it without --root on the node to qualify.")
-    rep = run_validation(host, params)
+    with _single_run():
+        rep = run_validation(host, params)
     saved, save_errors = [], []
     state_path = os.environ.get(REPORT_PATH_ENV) or REPORT_PATH
     targets = ([state_path] if os.geteuid() == 0 else []) + ([report_path] if report_path else [])
