@@ -56,8 +56,9 @@ PASSWORD_MIN, PASSWORD_MAX = 1, 256          # mokutil's limits for an import pa
 
 CONSOLE_STEPS = (
     "Reboot this node with a screen and a (US-layout) keyboard attached; stay at the console.",
-    "The blue 'Shim UEFI key management' screen appears ('Press any key to perform MOK management', 10 s "
-    "unless enrollment was requested with --wait-at-console): press a key.",
+    "The blue 'Shim UEFI key management' screen appears: 'Press any key to perform MOK management' counts down "
+    "10 s: press a key. (With --wait-at-console there is no countdown: the 'Perform MOK management' menu opens "
+    "and waits.)",
     "Choose 'Enroll MOK'.",
     "Optionally 'View key 0' to check the subject and fingerprint printed below; then choose 'Continue'.",
     "'Enroll the key(s)?': choose 'Yes'.",
