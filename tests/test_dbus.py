@@ -454,6 +454,30 @@ def test_long_job_reports_progress_refuses_a_second_one_and_finishes(slow_daemon
         mon.stop()
 
 
+def test_sigterm_lets_a_running_job_finish_then_exits(slow_daemon, bus, tmp_path):
+    mon = Monitor(bus, tmp_path)
+    try:
+        jid = job_id(gdbus_call(bus, "Refresh", "{}"))
+        os.kill(slow_daemon.proc.pid, signal.SIGTERM)
+        slow_daemon.wait(lambda: "waiting up to" in slow_daemon.text(), "the stop notice")
+        r = gdbus_call(bus, "Refresh", "{}")
+        assert dbus_error(r) == names.ERROR_BUSY and "stopping" in r.stderr, r.stderr
+        assert slow_daemon.proc.wait(60) == 0
+        assert re.search(rf"JobFinished \(uint32 {jid}, 'refresh', true", mon.text()), mon.text()
+    finally:
+        mon.stop()
+
+
+def test_client_without_a_daemon_says_so(tmp_path, monkeypatch):
+    from spark_memsaver import client
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus-here")
+    assert client.get_status() is None
+    assert client.daemon_running() is False
+    with pytest.raises(client.DaemonNotRunning):
+        client.call_job("Refresh")
+
+
 # --- signals, config, events ---------------------------------------------------------------------
 
 def test_sighup_reloads_config_bad_config_is_reported_and_sigterm_exits(bus, daemon, spark, tmp_path):
