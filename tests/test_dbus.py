@@ -296,6 +296,16 @@ def test_a_named_error_from_an_operation_travels_through_the_job_and_the_passwor
         mon.stop()
     assert secret not in mon.text() and secret not in daemon.text()
     assert "Traceback" not in daemon.text()
+    # Through the client the same failure is the named error again, with its code, remedy and exit code.
+    code = ("import json; from spark_memsaver import client\n"
+            "try:\n    client.call_job('RequestEnrollment', 'pw-2', {})\n"
+            "except Exception as e:\n"
+            "    print(json.dumps([type(e).__name__, e.code, e.exit_code, e.remedy]))\n")
+    c = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60,
+                       env=bus.env(PYTHONPATH=str(REPO / "daemon")))
+    cls, err_code, exit_code, remedy = json.loads(c.stdout)
+    assert cls == names.error_short_name(name) and err_code == json.loads(payload)["code"]
+    assert exit_code in (1, 2, 3, 4) and remedy == json.loads(payload)["remedy"]
 
 
 # --- authorization -------------------------------------------------------------------------------

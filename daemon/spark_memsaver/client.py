@@ -93,14 +93,22 @@ _SHORT_TO_CLASS = {"NotAuthorized": errors.NotPermitted, "InvalidArgument": erro
                    "Failed": errors.CommandFailed}
 
 
-def _named(short: str | None, message: str, remedy: str | None, dbus_name: str = "") -> errors.MemsaverError:
+def _named(short: str | None, message: str, remedy: str | None, dbus_name: str = "",
+           detail: dict | None = None) -> errors.MemsaverError:
+    """The error class of that name (errors.py, else a class made on the spot), with the daemon's code and
+    exit code when a failed job reported them."""
     if short is None:
-        err = DaemonError(f"spark-memsaverd: {message} ({dbus_name or 'no error name'})", remedy=remedy)
-        return err
+        return DaemonError(f"spark-memsaverd: {message} ({dbus_name or 'no error name'})", remedy=remedy)
     cls = _SHORT_TO_CLASS.get(short) or getattr(errors, short, None)
     if not (isinstance(cls, type) and issubclass(cls, errors.MemsaverError)):
         cls = type(short, (errors.MemsaverError,), {"code": _kebab(short)})
-    return cls(message, remedy=remedy)
+    err = cls(message, remedy=remedy)
+    detail = detail or {}
+    if isinstance(detail.get("code"), str):
+        err.code = detail["code"]
+    if isinstance(detail.get("exit_code"), int):
+        err.exit_code = detail["exit_code"]
+    return err
 
 
 def _kebab(name: str) -> str:
@@ -246,7 +254,7 @@ def call_job(method: str, *args, progress=None, timeout: float | None = None, **
     if not success:
         d = data if isinstance(data, dict) else {}
         raise _named(names.error_short_name(error_name), d.get("message") or message, d.get("remedy") or None,
-                     error_name)
+                     error_name, d)
     return {"id": jid, "operation": operation, "state": "succeeded", "message": message, "result": data}
 
 

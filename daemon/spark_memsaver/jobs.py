@@ -52,8 +52,9 @@ def error_dict(e: BaseException) -> dict:
     if isinstance(e, MemsaverError):
         d = e.to_dict()
         d["dbus_name"] = names.error_name(e)
+        d["exit_code"] = e.exit_code
         return d
-    return {"code": "internal-error", "name": "Failed", "dbus_name": names.ERROR_FAILED,
+    return {"code": "internal-error", "name": "Failed", "dbus_name": names.ERROR_FAILED, "exit_code": 3,
             "message": f"internal error: {type(e).__name__}: {e}",
             "remedy": "See 'journalctl -u spark-memsaver' and report it as a bug."}
 
