@@ -480,12 +480,16 @@ def test_sigterm_lets_a_running_job_finish_then_exits(slow_daemon, bus, tmp_path
 
 def test_client_without_a_daemon_says_so(tmp_path, monkeypatch):
     from spark_memsaver import client
+    from spark_memsaver.errors import UsageError
 
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus-here")
     assert client.get_status() is None
     assert client.daemon_running() is False
     with pytest.raises(client.DaemonNotRunning):
         client.call_job("Refresh")
+    assert client.maybe_call_job("Refresh") is None
+    with pytest.raises(UsageError):
+        client.call_job("Reboot")
 
 
 # --- signals, config, events ---------------------------------------------------------------------

@@ -6,6 +6,7 @@
 - ``call_job(method, *args, progress=cb, **options)``: start an operation through the daemon and wait for its
   JobFinished; returns the job as a dict, raises the named error the job failed with.
   Raises ``DaemonNotRunning`` when there is no daemon: callers fall back to acting directly.
+- ``maybe_call_job(...)``: the same, but None when there is no daemon.
 
 GLib is imported only when one of these is called, so ``spark-memsaver --help`` stays fast.
 """
@@ -256,6 +257,17 @@ def call_job(method: str, *args, progress=None, timeout: float | None = None, **
         raise _named(names.error_short_name(error_name), d.get("message") or message, d.get("remedy") or None,
                      error_name, d)
     return {"id": jid, "operation": operation, "state": "succeeded", "message": message, "result": data}
+
+
+def maybe_call_job(method: str, *args, progress=None, **options) -> dict | None:
+    """call_job when spark-memsaverd runs, None when it does not (the caller then acts directly).
+
+    For CLI commands: ``job = client.maybe_call_job("Install", kernel=k, progress=cb) if obj.root == "/" else
+    None``; ``if job is None: <act directly>``. Errors of the job itself are raised as named errors."""
+    try:
+        return call_job(method, *args, progress=progress, **options)
+    except DaemonNotRunning:
+        return None
 
 
 def register(cli) -> None:
