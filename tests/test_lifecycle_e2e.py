@@ -218,15 +218,19 @@ def test_e2e_4_kill9_mid_build_then_restart_recovers(box, debs):
     box.sh("systemd-run --unit=sm-reconcile --property=KillMode=control-group spark-memsaver reconcile")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        busy = box.sh("pgrep -f 'cc1|make' >/dev/null && echo yes || echo no", check=False).stdout.strip()
+        busy = box.sh("pgrep -x cc1 >/dev/null && echo yes || echo no", check=False).stdout.strip()
         if box.intents() == [f"build-{box.k}.json"] and busy == "yes":
             break
         time.sleep(2)
     else:
         pytest.fail("the build never started: " + box.c.journal("sm-reconcile")[-2000:])
     time.sleep(20)   # midway through compiling nvidia-uvm
-    box.sh("systemctl kill -s KILL sm-reconcile; sleep 1; pkill -9 -f 'dkms|make' || true")
-    time.sleep(2)
+    box.sh("systemctl kill -s KILL sm-reconcile")
+    deadline = time.monotonic() + 30
+    while box.sh("pgrep -x cc1 || pgrep -x make || pgrep -x dkms || true", check=False).stdout.strip() \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not box.sh("pgrep -x cc1 || pgrep -x make || true", check=False).stdout.strip()
     assert box.intents() == [f"build-{box.k}.json"]
     doc = box.status()
     assert "operation-interrupted" in [f["code"] for f in doc["findings"]]
