@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--kernel", default=None)
     ap.add_argument("--jobs", default=os.environ.get("SPARK_MEMSAVER_BUILD_JOBS", "2"))
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds: start no further (ours, stock) pair that would likely end past this")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (real dkms builds)")
@@ -97,7 +99,11 @@ def main() -> int:
     ours, stock = [], []
     try:
         stock_register(kernel)
+        t_start = time.monotonic()
         for i in range(args.runs):
+            if i and args.budget and (time.monotonic() - t_start) + ours[-1] + stock[-1] > args.budget:
+                print(f"stopping after {i} pair(s): another would exceed the {args.budget:.0f} s budget", flush=True)
+                break
             load = os.getloadavg()[0]
             ours.append(ours_build(host, cfg, kernel))
             print(f"run {i + 1}: ours  {ours[-1]:7.1f} s  (load avg at start {load:.1f})", flush=True)
@@ -111,7 +117,8 @@ def main() -> int:
         if not had_stock:
             stockdriver.uninstall_stock(DRIVER, kernel)
     mo, ms = statistics.median(ours), statistics.median(stock)
-    print(f"kernel {kernel}, NVIDIA {DRIVER}, -j{args.jobs}, {args.runs} run(s) each, {os.cpu_count()} CPUs")
+    print(f"kernel {kernel}, NVIDIA {DRIVER}, -j{args.jobs}, {len(ours)} run(s) each, {os.cpu_count()} CPUs, "
+          f"load avg now {os.getloadavg()[0]:.1f}")
     print(f"ours  (spark-memsaver-uvm: nvidia-uvm only)  median {mo:7.1f} s  runs {[round(x, 1) for x in ours]}")
     print(f"stock ({STOCK_PKG}: full driver)    median {ms:7.1f} s  runs {[round(x, 1) for x in stock]}")
     print(f"ratio ours/stock = {mo / ms:.2f}  (goal <= 0.60)")
