@@ -84,8 +84,12 @@ def test_budget_integrated_gpu_counts_host_memavailable():
     plan = V.plan_budget(8 * GIB, 100 * GIB, 119 * GIB, integrated=True, host_available=3 * GIB)
     assert plan["basis"].startswith("host MemAvailable")
     assert plan["budget"] == 3 * GIB // 4 and plan["span"] is None
-    # a discrete GPU ignores host memory
-    assert V.plan_budget(8 * GIB, 100 * GIB, 119 * GIB, host_available=3 * GIB)["budget"] == 8 * GIB
+    # a discrete GPU keeps half the host's MemAvailable free (managed pages live there between GPU visits)
+    plan = V.plan_budget(8 * GIB, 100 * GIB, 119 * GIB, host_available=3 * GIB)
+    assert plan["budget"] == 3 * GIB // 2 and plan["limited_by"] == "host memory"
+    plan = V.plan_budget(8 * GIB, 100 * GIB, 119 * GIB, host_available=400 * MIB)
+    assert "50% of 400 MiB host MemAvailable" in plan["refused"]
+    assert V.plan_budget(8 * GIB, 100 * GIB, 119 * GIB, host_available=None)["budget"] == 8 * GIB
 
 
 def test_budget_span_charged_fully_without_demand_paging():
@@ -104,9 +108,14 @@ def test_budget_never_exceeds_the_headroom_fraction():
     def prop(max_bytes, free, integrated, host):
         plan = V.plan_budget(max_bytes, free, free, integrated=integrated, host_available=host)
         basis = min(free, host) if integrated else free
+        allowed = min(max_bytes, int(basis * V.HEADROOM_FRACTION))
+        if not integrated:
+            allowed = min(allowed, int(host * V.HOST_FRACTION))
         assert plan["budget"] <= max_bytes
         assert plan["budget"] <= basis * V.HEADROOM_FRACTION
-        assert (plan["refused"] is not None) == (min(max_bytes, int(basis * V.HEADROOM_FRACTION)) < V.MIN_BUDGET)
+        assert integrated or plan["budget"] <= host * V.HOST_FRACTION
+        assert (plan["refused"] is not None) == (allowed < V.MIN_BUDGET)
+        assert plan["budget"] == (0 if plan["refused"] else allowed)
         if plan["span"]:
             assert V.SPAN_BYTES <= basis * V.HEADROOM_FRACTION
     prop()
@@ -569,3 +578,13 @@ def test_second_concurrent_run_is_refused(tmp_path, monkeypatch):
         os.close(fd)
     with V._single_run():      # free again once the holder is gone
         pass
+
+
+def test_worker_refuses_when_no_memory_is_left_for_a_context():
+    class Exhausted(HostMemoryCuda):
+        def primary_ctx_retain(self, d):
+            raise C.CudaError("cuDevicePrimaryCtxRetain", C.CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY",
+                              "out of memory")
+    ev = run_worker_inline(Exhausted())
+    assert ev["refused"]["reason"] == "the GPU has no memory left for a CUDA context (CUDA_ERROR_OUT_OF_MEMORY)"
+    assert "budget" not in ev and "done" not in ev

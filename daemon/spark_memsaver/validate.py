@@ -70,6 +70,8 @@ SPAN_BYTES = 4 * GIB + 64 * MIB     # longer than 4 GiB: always contains a 4 GiB
 SPAN_WINDOW = 2 * MIB               # bytes touched around each span boundary
 SPAN_RESIDENT = 16 * MIB            # budget charged for the span's touched windows
 MAX_BLOCK = 256 * MIB
+VERIFY_CHUNK = 8 * MIB              # data is read back and compared this much at a time
+HOST_FRACTION = 0.5                 # managed pages live in host memory between GPU visits: keep half free
 WORKER_GRACE_S = 240.0              # worker limit beyond --duration (start, pool fill, peak, teardown)
 PEAK_WAIT_S = 120.0                 # how long the worker waits at its peak for the parent's reading
 RETURN_WAIT_S = 15.0                # how long the parent waits for counters to return after teardown
@@ -128,7 +130,8 @@ def plan_budget(max_bytes: int, gpu_free: int, gpu_total: int, *, integrated: bo
     """How much the run may allocate, from what is free now. ``refused`` holds the reason when it must not run.
 
     On an integrated GPU, device memory is host memory: the smaller of the GPU's free and the host's
-    MemAvailable counts. The >4 GiB span is planned only when the headroom fraction of that covers its whole
+    MemAvailable counts. On a discrete GPU the budget is also held to half the host's MemAvailable, since
+    managed pages live in host memory whenever they are not on the GPU. The >4 GiB span is planned only when the headroom fraction of that covers its whole
     size (the ask, not only what is touched), and, where managed memory is not demand-paged
     (concurrent_managed false), only when --max-gib covers it too.
     """
@@ -138,15 +141,21 @@ def plan_budget(max_bytes: int, gpu_free: int, gpu_total: int, *, integrated: bo
     if integrated and host_available is not None and host_available < free:
         free, basis = host_available, "host MemAvailable (integrated GPU)"
     cap = int(free * fraction)
-    budget = min(max_bytes, cap)
+    # discrete GPU: managed pages sit in host memory between GPU visits, so the host must hold them too
+    host_cap = int(host_available * HOST_FRACTION) if not integrated and host_available is not None else None
+    budget = min(max_bytes, cap, cap if host_cap is None else host_cap)
+    limited_by = ("--max-gib" if budget == max_bytes else
+                  "host memory" if host_cap is not None and host_cap < cap else "headroom")
     plan = {"gpu_free": gpu_free, "gpu_total": gpu_total, "host_available": host_available,
-            "integrated": integrated, "basis": basis, "fraction": fraction, "cap": cap,
-            "max_bytes": max_bytes, "budget": budget, "limited_by": "--max-gib" if budget == max_bytes else "headroom",
+            "integrated": integrated, "basis": basis, "fraction": fraction, "cap": cap, "host_cap": host_cap,
+            "max_bytes": max_bytes, "budget": budget, "limited_by": limited_by,
             "refused": None, "span": None, "span_skipped": None}
     if budget < min_budget:
-        plan["refused"] = (f"only {budget / MIB:.0f} MiB may be used ({fraction:.0%} of {free / MIB:.0f} MiB "
-                           f"free by {basis}, --max-gib {max_bytes / GIB:g}); at least {min_budget / MIB:.0f} MiB "
-                           "is needed to run while leaving the rest free")
+        why = f"{fraction:.0%} of {free / MIB:.0f} MiB free by {basis}"
+        if limited_by == "host memory":
+            why = f"{HOST_FRACTION:.0%} of {host_available / MIB:.0f} MiB host MemAvailable"
+        plan["refused"] = (f"only {budget / MIB:.0f} MiB may be used ({why}, --max-gib {max_bytes / GIB:g}); "
+                           f"at least {min_budget / MIB:.0f} MiB is needed to run while leaving the rest free")
         plan["budget"] = 0
         return plan
     span_charge = SPAN_RESIDENT if concurrent_managed else SPAN_BYTES
@@ -226,27 +235,36 @@ class _Thread(threading.Thread):
         """Offset of a random-pattern source in the pool: same size, different content for each block."""
         return self.rng.randrange(0, self.w.pool_slack // 8) * 8
 
-    def _expect_bytes(self, b: _Block) -> bytes:
+    def _expect(self, b: _Block, pos: int, n: int) -> bytes:
+        """Bytes [pos, pos + n) of what the block should hold."""
         kind, v = b.expect
         if kind == "rand":
-            return ctypes.string_at(self.w.pool_addr + v, b.size)
+            return ctypes.string_at(self.w.pool_addr + v + pos, n)
         if kind == "d8":
-            return bytes((v,)) * b.size
-        return struct.pack("<I", v) * (b.size // 4)  # d32 is only used on 4-byte multiples
+            return bytes((v,)) * n
+        return struct.pack("<I", v) * (n // 4)  # d32: only on 4-byte multiples; pos, n are multiples of 4
 
-    def _compare(self, b: _Block, got: bytes, where: str, area: str) -> None:
-        want = self._expect_bytes(b)
+    def _verify(self, b: _Block, where: str, via_gpu: bool) -> None:
+        """Compare the block with its expected content, VERIFY_CHUNK bytes at a time (bounded host memory).
+
+        via_gpu: read through the copy engine (cuMemcpyDtoH into a scratch chunk); else read by the CPU
+        directly (managed memory: faults the pages to the host if they are on the GPU).
+        """
+        scratch = ctypes.addressof(self.scratch)
+        for pos in range(0, b.size, VERIFY_CHUNK):
+            n = min(VERIFY_CHUNK, b.size - pos)
+            if via_gpu:
+                self.w.cu.dtoh(scratch, b.ptr + pos, n)
+                got = ctypes.string_at(scratch, n)
+            else:
+                got = ctypes.string_at(b.ptr + pos, n)
+            want = self._expect(b, pos, n)
+            if got != want:
+                at = pos + _first_diff(got, want)
+                raise _Mismatch(f"{where}: {b.kind} block of {b.size} B at {b.ptr:#x}: byte {at} "
+                                f"(address {b.ptr + at:#x}) differs from the {b.expect[0]} pattern")
         self.stats.counts["verifications"] += 1
         self.stats.counts["verified_bytes"] += b.size
-        if got != want:
-            at = _first_diff(got, want)
-            raise _Mismatch(f"{where}: {b.kind} block of {b.size} B at {b.ptr:#x}: byte {at} "
-                            f"(address {b.ptr + at:#x}) differs from the {b.expect[0]} pattern")
-
-    def _read_gpu(self, b: _Block) -> bytes:
-        """Read a block through the copy engine (cuMemcpyDtoH)."""
-        self.w.cu.dtoh(ctypes.addressof(self.scratch), b.ptr, b.size)
-        return ctypes.string_at(self.scratch, b.size)
 
     def _alloc(self, size: int, kind: str) -> _Block:
         cu = self.w.cu
@@ -272,16 +290,16 @@ class _Thread(threading.Thread):
             off = self._pool_slice(b.size)
             cu.htod(b.ptr, self.w.pool_addr + off, b.size)
             b.expect = ("rand", off)
-            self._compare(b, self._read_gpu(b), "HtoD then DtoH", "device")
+            self._verify(b, "HtoD then DtoH", True)
             v8 = self.rng.randrange(1, 256)
             cu.memset_d8(b.ptr, v8, b.size)
             b.expect = ("d8", v8)
-            self._compare(b, self._read_gpu(b), "cuMemsetD8 then DtoH", "device")
+            self._verify(b, "cuMemsetD8 then DtoH", True)
             if b.size % 4 == 0:
                 v32 = self.rng.randrange(1, 1 << 32)
                 cu.memset_d32(b.ptr, v32, b.size // 4)
                 b.expect = ("d32", v32)
-                self._compare(b, self._read_gpu(b), "cuMemsetD32 then DtoH", "device")
+                self._verify(b, "cuMemsetD32 then DtoH", True)
             off = self._pool_slice(b.size)
             cu.htod(b.ptr, self.w.pool_addr + off, b.size)
             b.expect = ("rand", off)
@@ -299,7 +317,7 @@ class _Thread(threading.Thread):
             except Exception as e:
                 self.stats.errors["prefetch"].append(f"to GPU: {e}")
                 raise
-        self._compare(b, self._read_gpu(b), "host write, prefetch to GPU, DtoH", "managed")
+        self._verify(b, "host write, prefetch to GPU, DtoH", True)
         if b.size % 4 == 0:
             v = self.rng.randrange(1, 1 << 32)
             cu.memset_d32(b.ptr, v, b.size // 4)
@@ -316,14 +334,13 @@ class _Thread(threading.Thread):
             except Exception as e:
                 self.stats.errors["prefetch"].append(f"to host: {e}")
                 raise
-        self._compare(b, ctypes.string_at(b.ptr, b.size), "GPU memset, prefetch to host, host read", "managed")
+        self._verify(b, "GPU memset, prefetch to host, host read", False)
         off = self._pool_slice(b.size)
         ctypes.memmove(b.ptr, self.w.pool_addr + off, b.size)
         b.expect = ("rand", off)
 
     def _check(self, b: _Block, where: str) -> None:
-        got = self._read_gpu(b) if b.kind == "device" else ctypes.string_at(b.ptr, b.size)
-        self._compare(b, got, where, b.kind)
+        self._verify(b, where, via_gpu=b.kind == "device")
 
     # rounds --------------------------------------------------------------------------------------
     def _fill(self, limit: int, max_blocks: int, timed: bool = True, to_gpu: bool = False) -> None:
@@ -381,7 +398,7 @@ class _Thread(threading.Thread):
         try:
             cu.set_current(self.w.ctx)
             self.stream = cu.stream_create()
-            self.scratch = ctypes.create_string_buffer(self.w.max_block)
+            self.scratch = ctypes.create_string_buffer(VERIFY_CHUNK)
             rounds = 0
             while rounds == 0 or time.monotonic() < self.w.deadline:
                 self._phase = "fill"
@@ -446,7 +463,7 @@ class _Worker:
         self.go = threading.Event()
 
     def run(self) -> None:
-        from .cuda import CUDA_ERROR_NO_DEVICE, ATTR_CONCURRENT_MANAGED_ACCESS, ATTR_INTEGRATED, \
+        from .cuda import CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, ATTR_CONCURRENT_MANAGED_ACCESS, ATTR_INTEGRATED, \
             ATTR_MANAGED_MEMORY, ATTR_PAGEABLE_MEMORY_ACCESS, Cuda, CudaError, CudaUnavailable
         t0 = time.monotonic()
         timings = {}
@@ -480,12 +497,18 @@ class _Worker:
         if not ident["managed_memory"]:
             self.emit({"event": "not-applicable", "reason": f"{ident['name']} does not support managed memory"})
             return
-        self.ctx = cu.primary_ctx_retain(dev)
+        try:
+            self.ctx = cu.primary_ctx_retain(dev)
+        except CudaError as e:
+            if e.code == CUDA_ERROR_OUT_OF_MEMORY:
+                self.emit({"event": "refused", "reason": f"the GPU has no memory left for a CUDA context ({e.name})"})
+                return
+            raise
         cu.set_current(self.ctx)
         timings["init_s"] = round(time.monotonic() - t0, 3)
         free, total = cu.mem_info()
         plan = plan_budget(self.p["max_bytes"], free, total, integrated=ident["integrated"],
-                           host_available=host_mem_available() if ident["integrated"] else None,
+                           host_available=host_mem_available(),
                            concurrent_managed=ident["concurrent_managed_access"])
         self.emit({"event": "budget", "budget": plan})
         if plan["refused"]:
