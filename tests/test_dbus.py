@@ -422,16 +422,20 @@ def test_no_traceback_reached_the_log_for_expected_errors(daemon, bus):
 
 @pytest.fixture
 def slow_daemon(bus, daemon, spark, tmp_path):
-    """A second daemon whose modinfo takes 1 s per call, standing in for a node with many kernels and a slow
-    disk: a status refresh then lasts ~2 s, long enough to overlap a second request. (The module daemon is
-    stopped for the duration and restarted afterwards by the fixture's owner.)"""
+    """A second daemon whose modinfo can be made to take 3 s per call (while ``d.slow`` exists), standing in
+    for a node with many kernels and a slow disk: a status refresh then lasts ~6 s, long enough to overlap
+    a second request even on a loaded machine. (The module daemon is stopped for the duration and restarted
+    afterwards.)"""
     daemon.stop()
     real = shutil.which("modinfo") or "/sbin/modinfo"
     wrap = tmp_path / "bin"
     wrap.mkdir()
-    (wrap / "modinfo").write_text(f"#!/bin/sh\nsleep 1\nexec {real} \"$@\"\n")
+    slow = tmp_path / "slow"
+    (wrap / "modinfo").write_text(f"#!/bin/sh\n[ -e {slow} ] && sleep 3\nexec {real} \"$@\"\n")
     os.chmod(wrap / "modinfo", 0o755)
     d = Daemon(bus, spark, tmp_path / "slow.log", env={"PATH": f"{wrap}:{os.environ.get('PATH', '')}"})
+    d.slow = slow
+    slow.touch()
     yield d
     d.stop()
     daemon.__init__(bus, spark, daemon.log)   # the module's daemon again, for the tests that follow
@@ -450,6 +454,7 @@ def test_long_job_reports_progress_refuses_a_second_one_and_finishes(slow_daemon
         fractions = [float(x) for x in re.findall(rf"JobProgress \(uint32 {jid}, ([0-9.]+),", out)]
         assert fractions == sorted(fractions) and fractions[-1] >= 0.9 and len(fractions) >= 2, out
         assert re.search(r"'JobState': <'running'>", out) and re.search(r"'JobState': <'succeeded'>", out)
+        slow_daemon.slow.unlink()
         # The CLI's call_job waits for JobFinished and relays progress.
         code = ("import json,sys; from spark_memsaver import client; seen=[]; "
                 "job=client.call_job('Refresh', progress=lambda f,m: seen.append((f,m))); "
@@ -518,6 +523,9 @@ def test_sighup_reloads_config_bad_config_is_reported_and_sigterm_exits(bus, dae
         assert "interval" in d.prop("LastError")
         assert d.prop("Interval") == 120          # the previous config stays in force
         assert d.proc.poll() is None
+        cfg.write_text("interval: 90\n")
+        os.kill(d.proc.pid, signal.SIGHUP)
+        d.wait(lambda: d.prop("Interval") == 90 and d.prop("LastErrorName") == "", "the repaired config")
     finally:
         rc = d.stop()
         daemon.__init__(bus, spark, daemon.log)
@@ -612,7 +620,11 @@ def test_module_event_handler_reacts_to_nvidia_modules_only(spark):
     assert seen == [("add", "nvidia_uvm"), ("remove", "nvidia")]
     assert m.events_seen == 4
     s = m.sample("test")
-    assert s["packing_active"] and s["backing_bytes"] > 0 and "_uvm" not in m.history[-1]
+    assert s["packing_active"] and s["backing_bytes"] > 0
+    assert m.samples()[-1] == {k: v for k, v in s.items() if k != "_uvm"}
+    for _ in range(Config().history_size + 5):   # the ring is bounded
+        m.sample("interval")
+    assert len(m.samples()) == Config().history_size and m.samples()[0]["reason"] == "interval"
 
 
 def test_every_method_is_authorized_unless_marked_public():

@@ -143,6 +143,8 @@ class Daemon:
         """SIGHUP: re-read the config, apply it, refresh the status."""
         log.info("reloading the configuration")
         new = self._load_config()
+        if new is not self.config and self.props["LastErrorName"] == names.error_name("ConfigError"):
+            self._set_error(None)   # the file is good again
         if new is not self.config:
             self.config = new
             if self.monitor is not None:
@@ -246,7 +248,7 @@ class Daemon:
         return json.dumps(doc)
 
     def history_json(self) -> str:
-        return json.dumps(list(self.monitor.history) if self.monitor else [])
+        return json.dumps(self.monitor.samples() if self.monitor else [])
 
     def job_json(self, job_id: int) -> str:
         job = self.jobs.get(int(job_id))

@@ -64,6 +64,23 @@ def take_sample(host: Host, reason: str) -> dict:
     }
 
 
+# The history keeps each sample as a tuple in this field order (a dict per sample would cost ~2.5x the
+# memory: 1440 samples = 24 h at the default interval).
+FIELDS = ("time", "reason", "mem_total", "mem_available", "uvm_loaded", "uvm_patched", "packing_active", "tier",
+          "backing_bytes", "stock_bytes", "saved_bytes", "counters_error", "error")
+
+
+def pack(sample: dict) -> tuple:
+    return tuple(sample.get(k) for k in FIELDS)
+
+
+def unpack(row: tuple) -> dict:
+    d = dict(zip(FIELDS, row))
+    if d["error"] is None:
+        del d["error"]
+    return d
+
+
 _METRICS = (
     ("pagetable_backing_bytes", "backing_bytes", "Bytes of CPU memory backing GPU page tables (patched nvidia-uvm)."),
     ("pagetable_stock_bytes", "stock_bytes", "Bytes the same page tables would take in the stock nvidia-uvm."),
@@ -181,7 +198,7 @@ class Monitor:
             log.exception("sampling failed")
             s = {"time": round(time.time(), 3), "reason": reason, "error": f"{type(e).__name__}: {e}"}
         uvm = s.pop("_uvm", None)
-        self.history.append(s)
+        self.history.append(pack(s))
         if self.config.prometheus_textfile:
             self._write_prometheus(s)
         self._on_sample(dict(s, _uvm=uvm))
@@ -196,6 +213,9 @@ class Monitor:
             if not self._prom_warned:   # once per failure streak, not once a minute
                 log.warning("cannot write Prometheus textfile %s: %s", path, e.strerror or e)
                 self._prom_warned = True
+
+    def samples(self) -> list[dict]:
+        return [unpack(r) for r in self.history]
 
     # --- module uevents (kernel netlink) -----------------------------------------------------------
     def _start_udev(self) -> None:
