@@ -452,6 +452,25 @@ def test_lock_serializes_processes(tmp_path):
     assert waited > 0.5
 
 
+def test_dpkg_lock_is_seen_without_taking_it(tmp_path):
+    lock = tmp_path / "var/lib/dpkg/lock-frontend"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    h = Host(tmp_path)
+    assert lifecycle.dpkg_running(h) is None
+    code = ("import fcntl,os,time,sys; fd=os.open(%r, os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(30)" % str(lock))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"       # dpkg takes its locks with fcntl(F_SETLK)
+        assert lifecycle.dpkg_running(h) == p.pid
+        assert lifecycle.dpkg_running(h) == p.pid            # asking twice: we never took the lock
+    finally:
+        p.kill()
+        p.wait()
+    assert lifecycle.dpkg_running(h) is None
+
+
 # ------------------------------------------------------------------------------------------------
 # Part 2: the guard with real modprobe/modinfo/depmod, activation with real holders
 

@@ -157,6 +157,30 @@ def _alive(pid) -> bool:
     return b"spark-memsaver" in cmd or b"spark_memsaver" in cmd
 
 
+DPKG_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
+
+
+def dpkg_running(host: Host) -> int | None:
+    """pid of a dpkg/apt holding the dpkg lock (F_GETLK: tests without taking it), else None."""
+    import struct
+    for lock in DPKG_LOCKS:
+        try:
+            fd = os.open(host.path(lock), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            req = struct.pack("@hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)
+            res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
+            ltype, _, _, _, pid = struct.unpack("@hhqqi", res)
+            if ltype != fcntl.F_UNLCK:
+                return pid
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return None
+
+
 def _kernel(snap: dict, release: str) -> dict | None:
     return next((k for k in snap.get("kernels", []) if k["release"] == release), None)
 
@@ -309,8 +333,17 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict, progre
 # --- entry points ------------------------------------------------------------------------------
 
 def reconcile(host: Host, config: Config, progress=None, *, kernels: list[str] | None = None,
-              rebuild: bool | None = None, dry_run: bool = False) -> dict:
-    """Bring every kernel to a safe state and rebuild where supported. Idempotent."""
+              rebuild: bool | None = None, dry_run: bool = False, inside_dpkg: bool = False) -> dict:
+    """Bring every kernel to a safe state and rebuild where supported. Idempotent.
+
+    While dpkg runs (and we are not its trigger), only safety steps are taken: the package set is in
+    flux, and our dpkg trigger reconciles fully when dpkg has finished."""
+    deferred = None
+    if not inside_dpkg and not dry_run and host.is_live and rebuild is not False:
+        pid = dpkg_running(host)
+        if pid:
+            rebuild, deferred = False, f"dpkg (pid {pid}) is running: rebuilds wait for its trigger"
+            _say(progress, deferred)
     with (contextlib.nullcontext() if dry_run else locked(host, progress=progress)):
         snap = observe.snapshot(host)
         alive = {r.get("pid") for r in snap["records"]["intents"] if _alive(r.get("pid"))}
@@ -320,8 +353,11 @@ def reconcile(host: Host, config: Config, progress=None, *, kernels: list[str] |
             return {"dry_run": True, "support": support, **rc.summarize(steps)}
         results = execute(host, config, steps, snap, progress)
     ok = all(r.get("ok", True) for r in results)
-    return {"ok": ok, "acting": sum(1 for s in steps if s.action in rc.ACTING), "steps": results,
-            "support": support}
+    doc = {"ok": ok, "acting": sum(1 for s in steps if s.action in rc.ACTING), "steps": results,
+           "support": support}
+    if deferred:
+        doc["deferred"] = deferred
+    return doc
 
 
 def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,
@@ -492,7 +528,7 @@ def register(root) -> None:
             return 0
         if hook:
             try:
-                doc = reconcile(obj.host, obj.config, say)
+                doc = reconcile(obj.host, obj.config, say, inside_dpkg=True)
             except MemsaverError as e:
                 doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver ({hook}): {e.message}", err=True)
