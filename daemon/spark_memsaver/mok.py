@@ -850,10 +850,13 @@ def register(cli) -> None:
     @click.option("--wait-at-console", is_flag=True,
                   help="Also run 'mokutil --timeout -1': MokManager opens its menu and waits instead of a 10 s "
                        "countdown.")
-    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
     @click.pass_obj
     def enroll_cmd(obj, cert, password_file, password_stdin, wait_at_console, as_json):
-        """Request enrollment of the signing key at the next boot (mokutil --import)."""
+        """Request enrollment of the signing key at the next boot (mokutil --import).
+
+        Exit status: 0 requested; 1 refused (not needed, no key, already enrolled/pending, blocked, unknown);
+        2 bad usage or password; 3 mokutil failed."""
         config = None if cert else obj.config
         before = observe(obj.host, cert=cert, config=config)
         _refuse_for(before)                      # refuse before asking for a password
@@ -878,10 +881,12 @@ def register(cli) -> None:
 
     @mok_group.command("cancel")
     @cert_opt
-    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
     @click.pass_obj
     def cancel_cmd(obj, cert, as_json):
-        """Drop the pending enrollment request (mokutil --revoke-import)."""
+        """Drop the pending enrollment request (mokutil --revoke-import).
+
+        Exit status: 0 cancelled or nothing pending; 1 refused; 3 mokutil failed."""
         res = cancel_enrollment(obj.host, None if cert else obj.config, cert)
         if as_json:
             click.echo(json.dumps(res, indent=2))
