@@ -45,7 +45,7 @@ def _run(argv, timeout=600, env=None):
 
 @pytest.fixture(scope="module")
 def asan():
-    _make("asan", f"{BUILD}/asan-16-def2/pt_harness")
+    _make("asan", "build/asan-16-def2/pt_harness")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def faults():
 
 @pytest.fixture(scope="module")
 def bench_lib():
-    _make(f"{BUILD}/bench-16/libptbench.so")
+    _make("build/bench-16/libptbench.so")
     return BUILD / "bench-16" / "libptbench.so"
 
 
@@ -122,11 +122,20 @@ def test_checker_catches_injected_fault(faults, fault):
     assert m and m.group(1) in FAULTS[fault], proc.stderr[-2000:]
 
 
+def test_tsan_stress_catches_missing_pool_lock():
+    """Self-check of the stress: the pool with its spinlock compiled out (shim only) must be reported."""
+    _make("build/tsan-nolock/pt_harness")
+    proc = _run([BUILD / "tsan-nolock" / "pt_harness", "stress", 50_000, 1, 4],
+                env={"TSAN_OPTIONS": "halt_on_error=1 exitcode=66"})
+    assert proc.returncode != 0, "a pool without its lock passed the stress"
+    assert "ThreadSanitizer: data race" in proc.stderr or "CHECK FAILED" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_libfuzzer_short_run(tmp_path):
     if shutil.which("clang") is None:
         pytest.skip("clang not installed (apt-get install clang libclang-rt-14-dev); "
                     "the deterministic random-op driver above still runs")
-    _make(f"{BUILD}/fuzz-16/pt_fuzz")
+    _make("build/fuzz-16/pt_fuzz")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     proc = _run([BUILD / "fuzz-16" / "pt_fuzz", "-max_total_time=15", "-max_len=4096", "-seed=1", corpus],

@@ -655,11 +655,25 @@ static void *worker_main(void *arg)
 	struct src s = { .rng = w->seed };
 	long k;
 
+	int target = 1 + src_u32(&s) % WORKER_MAX;
+	bool filling = true;
+
+	/*
+	 * Waves: fill to a random target, then drain to empty (mostly), so that
+	 * backing pages keep being released and re-acquired while other threads
+	 * allocate: concurrent get() for one class, release racing with alloc.
+	 */
 	for (k = 0; k < w->ops; k++) {
 		u32 r = src_u32(&s), op = r % 100;
 		struct tree *t = &trees[(r >> 8) % stress_ntrees];
 
-		if ((op < 55 && w->n < WORKER_MAX) || w->n == 0) {
+		if (filling && w->n >= target)
+			filling = false;
+		if (!filling && w->n == 0) {
+			filling = true;
+			target = 1 + src_u32(&s) % WORKER_MAX;
+		}
+		if (((filling ? op < 85 : op < 15) && w->n < WORKER_MAX) || w->n == 0) {
 			u32 size = ((r >> 16) % 10) < 7 ? 256 : 4096;
 			unsigned int depth = 1 + (r >> 20) % 5;
 			int err = do_alloc(t, depth, size, &w->tabs[w->n]);
