@@ -134,7 +134,10 @@ class Box:
         """What loading nvidia_uvm would insert now. modprobe's rule must name the guard; the guard itself runs
         in its dry-run mode (real modinfo/modprobe --dry-run) because nothing can be inserted here."""
         rule = self.c.run(["modprobe", "-S", self.k, "--show-depends", "nvidia-uvm"], check=False, timeout=60)
-        assert rule.stdout.strip().startswith("install /usr/lib/spark-memsaver/uvm-guard"), rule.stdout + rule.stderr
+        lines = rule.stdout.strip().splitlines()
+        # modprobe inserts the dependency (nvidia.ko) first, then runs our rule instead of inserting nvidia_uvm
+        assert lines and lines[-1].startswith("install /usr/lib/spark-memsaver/uvm-guard"), rule.stdout + rule.stderr
+        assert all(ln.startswith("insmod ") and "/nvidia.ko" in ln for ln in lines[:-1]), lines
         r = self.c.run(["sh", "-c", f"{GUARD_ENV} SPARK_MEMSAVER_GUARD_KVER={self.k} /usr/lib/spark-memsaver/uvm-guard"],
                        check=False, timeout=60)
         return [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("insmod ")][-1:] + \

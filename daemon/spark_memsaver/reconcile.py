@@ -180,7 +180,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
         sel = k.get("uvm_selected") or {}
         nv = base_version((k.get("nvidia_selected") or {}).get("version"))
         ours = bool(sel.get("patched"))
-        built_for = base_version(sel.get("version"))
+        built_for = base_version(sel.get("version")) if ours else None
         rb = _rollback_for(records, rel)
         if sel.get("error"):
             steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel['error']}"))
