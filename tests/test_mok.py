@@ -536,3 +536,49 @@ def test_require_installable_without_observation():
         mok.require_installable({})
     with pytest.raises(SecureBootUnknown):
         mok.require_installable({"state": "something-else"})
+
+
+# --- a missed prompt is visible --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scenario,record_boot,record_cert,words", [
+    ("not-enrolled", "boot-A", "ours", "was not confirmed at the console"),
+    ("not-enrolled", "boot-B", "ours", None),           # requested in this boot: nothing was missed yet
+    ("not-enrolled", "boot-A", "other", None),          # a request for another certificate
+    ("pending-enroll", "boot-A", "ours", "MokManager did not run"),
+    ("pending-enroll", "boot-B", "ours", None),
+])
+def test_request_record_explains_a_missed_prompt(tmp_path, certs, scenario, record_boot, record_cert, words):
+    variables, cert, expected, kw = scenarios(certs)[scenario]
+    sha = hashlib.sha256(certs[record_cert]).hexdigest()
+    root = make_root(tmp_path / "r", variables, cert, **kw, extra={
+        "/proc/sys/kernel/random/boot_id": "boot-B\n",
+        mok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": record_boot,
+                                        "requested_at": "2026-11-30T01:00:00Z"})})
+    sb = mok.observe(Host(root))
+    assert sb["state"] == expected and sb["last_request"]["boot_id"] == record_boot
+    if words:
+        assert words in sb["reason"] and "2026-11-30T01:00:00Z" in sb["reason"]
+    else:
+        assert "confirmed at the console" not in sb["reason"] and "did not run" not in sb["reason"]
+
+
+def test_damaged_request_record_is_ignored(roots):
+    root = roots["not-enrolled"][0]
+    p = root / mok.REQUEST_RECORD.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("{not json")
+    try:
+        sb = mok.observe(Host(root))
+        assert sb["state"] == "not-enrolled" and sb["last_request"] is None
+    finally:
+        p.unlink()
+
+
+def test_request_record_round_trip(tmp_path):
+    root = make_root(tmp_path / "r", {}, None, efi=False, extra={"/proc/sys/kernel/random/boot_id": "b1\n"})
+    h = Host(root)
+    mok.write_request_record(h, "ab" * 32)
+    rec = mok.read_request_record(h)
+    assert rec["cert_sha256"] == "ab" * 32 and rec["boot_id"] == "b1" and rec["requested_at"].endswith("Z")
+    mok.clear_request_record(h)
+    assert mok.read_request_record(h) is None

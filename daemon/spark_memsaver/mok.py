@@ -41,6 +41,8 @@ UBUNTU_DEFAULT_CERT = "/var/lib/shim-signed/mok/MOK.der"
 DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.pub"
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_CONF_D = "/etc/dkms/framework.conf.d"
+REQUEST_RECORD = "/var/lib/spark-memsaver/mok-request.json"   # what we asked mokutil for, and in which boot
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # Variables we read: name -> GUID. MokListRT continuations (MokListRT1, ...) are found by listing.
 SCALARS = {"SecureBoot": ev.EFI_GLOBAL_VARIABLE, "SetupMode": ev.EFI_GLOBAL_VARIABLE,
@@ -378,8 +380,21 @@ def _unknown(reason: str) -> Decision:
                     SecureBootUnknown.remedy)
 
 
-def decide(p: ParsedEfi, c: CertInfo) -> Decision:
-    """Parsed variables + certificate -> state. Pure; the order of the checks is the documented precedence."""
+def _request_from_earlier_boot(c: CertInfo, request: dict | None, boot_id: str | None) -> dict | None:
+    """Our record of an enrollment request for this certificate made in an earlier boot, if any."""
+    if not request or c.cert is None or not boot_id:
+        return None
+    if request.get("cert_sha256") != c.cert.sha256 or request.get("boot_id") in (None, boot_id):
+        return None
+    return request
+
+
+def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str | None = None) -> Decision:
+    """Parsed variables + certificate -> state. Pure; the order of the checks is the documented precedence.
+
+    ``request``/``boot_id``: our record of the last enrollment request (REQUEST_RECORD) and the current boot's
+    id; they only sharpen the reason of not-enrolled (the prompt was missed) and pending-enroll (MokManager
+    did not run at the last boot)."""
     if not p.efi:
         return Decision("not-needed", "no EFI firmware (booted in legacy/BIOS mode): modules are not "
                         "signature-checked against firmware keys")
@@ -439,8 +454,18 @@ def decide(p: ParsedEfi, c: CertInfo) -> Decision:
                   "MokManager")
         if not p.vars["MokAuth"].present:
             reason += "; but MokAuth (the request's password) is missing, so MokManager cannot verify it"
+        earlier = _request_from_earlier_boot(c, request, boot_id)
+        if earlier:
+            reason += (f"; it was requested at {earlier.get('requested_at', '?')}, before the last reboot, so "
+                       "MokManager did not run then (boot entry without mmx64.efi/mmaa64.efi next to shim, or "
+                       "network boot first)")
         return Decision("pending-enroll", reason, MokAlreadyPending.remedy, ("MokNew",))
     reason = "the certificate is in neither MokListRT nor db"
+    earlier = _request_from_earlier_boot(c, request, boot_id)
+    if earlier:
+        reason += (f"; the enrollment requested at {earlier.get('requested_at', '?')} was not confirmed at the "
+                   "console on the following boot (countdown expired, 'Continue boot' chosen, or the password "
+                   "was wrong 3 times), and MokManager discarded it")
     if not p.vars["MokListRT"].present:
         reason += " (MokListRT is absent: this boot did not go through shim, so MokManager cannot enroll it)"
     return Decision("not-enrolled", reason + ": modules signed with it will not load while Secure Boot is on",
@@ -593,6 +618,40 @@ def _load_config(host):
         return None
 
 
+def read_request_record(host) -> dict | None:
+    text = host.read_text(REQUEST_RECORD)
+    if not text:
+        return None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        return None              # a damaged record only loses a hint; the state comes from the variables
+    return rec if isinstance(rec, dict) else None
+
+
+def write_request_record(host, cert_sha256: str) -> None:
+    """Remember the request (no secret in it) so a later boot can tell that the prompt was missed."""
+    import datetime
+
+    rec = {"cert_sha256": cert_sha256, "boot_id": (host.read_text(BOOT_ID) or "").strip() or None,
+           "requested_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    path = host.path(REQUEST_RECORD)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(rec) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass                     # only a hint is lost
+
+
+def clear_request_record(host) -> None:
+    try:
+        host.path(REQUEST_RECORD).unlink()
+    except OSError:
+        pass
+
+
 def _sb_flag(parsed: ParsedEfi, value: int | None) -> bool | None:
     if not parsed.efi:
         return False
@@ -609,7 +668,8 @@ def observe(host, cert: str | None = None, config=None) -> dict:
         config = _load_config(host)
     parsed = parse_efi(read_efi(host))
     ci = locate_certificate(host, cert, config)
-    d = decide(parsed, ci)
+    request = read_request_record(host)
+    d = decide(parsed, ci, request, (host.read_text(BOOT_ID) or "").strip() or None)
     v = parsed.vars
     sb = v["SecureBoot"].value if v["SecureBoot"].present and not v["SecureBoot"].error else None
     sm = v["SetupMode"].value if v["SetupMode"].present and not v["SetupMode"].error else None
@@ -626,6 +686,7 @@ def observe(host, cert: str | None = None, config=None) -> dict:
         if mokv.present and not mokv.error else (False if parsed.efi and parsed.efivarfs else None),
         "certificate": ci.summary(),
         "where": list(d.where),
+        "last_request": request,
         "variables": {n: x.summary() for n, x in v.items()} if parsed.efi else {},
         "moklist_trusted": v["MokListTrustedRT"].present if parsed.efivarfs else None,
         "kernel": read_kernel(host, ci.cert),
@@ -741,6 +802,7 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
                             f"{after['reason']}); mokutil said: {imp['message']}",
                             remedy="mokutil skips keys the kernel already trusts ('Already in kernel trusted "
                                    "keyring') and keys already enrolled; read its message.")
+    write_request_record(host, after["certificate"]["sha256"])
     return {
         "requested": True,
         "certificate": after["certificate"],
@@ -767,6 +829,7 @@ def cancel_enrollment(host, config=None, cert: str | None = None) -> dict:
     if r.returncode != 0:
         raise MokutilFailed(f"mokutil --revoke-import failed (exit {r.returncode}): {_mokutil_message(r)}",
                             returncode=r.returncode)
+    clear_request_record(host)
     after = observe(host, cert=cert, config=config)
     return {"cancelled": True, "dropped_entries": v.get("MokNew", {}).get("entries", {}),
             "state_before": before["state"], "state": after["state"]}
