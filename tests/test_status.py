@@ -118,3 +118,14 @@ def test_root_that_does_not_exist_is_usage_error(tmp_path):
     r = cli("--root", str(tmp_path / "nope"), "status")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_last_validation_report_is_shown(tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    sparkroot.write(root, "/var/lib/spark-memsaver/validate-last.json", json.dumps(
+        {"outcome": "passed", "reason": "data checks passed; stock module: counters absent",
+         "finished_at": "2026-11-30T02:20:00Z"}))
+    rc, doc = status_json("--root", str(root))
+    assert doc["records"]["last_validation"]["outcome"] == "passed"
+    r = cli("--root", str(root), "status", "--direct")
+    assert "Last validation:" in r.stdout and "passed: data checks passed" in r.stdout

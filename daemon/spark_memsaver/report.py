@@ -78,6 +78,11 @@ def render_text(doc: dict) -> str:
         ("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),
         ("Saved", _mib(doc["memory"]["saved"])),
     ]
+    last = (doc.get("records") or {}).get("last_validation")
+    if isinstance(last, dict):
+        rows.append(("Last validation", f"{last.get('outcome', '?')}: {last.get('reason', '')}"
+                     + (f" ({last.get('finished_at')})"
+                        if last.get("finished_at") else "")))
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{k + ':':<{width}}{v}" for k, v in rows]
     if doc["kernels"]:
