@@ -35,22 +35,33 @@ def status_json(*args):
     return r.returncode, doc
 
 
+def host_has_nvidia_driver() -> bool:
+    """Independent of the code under test: NVIDIA sources, a loaded nvidia, or an nvidia.ko on disk.
+    (Build machines have none, unless another test of this suite is running against this host.)"""
+    import glob
+    return bool(glob.glob("/usr/src/nvidia-*") or os.path.exists("/sys/module/nvidia")
+                or glob.glob("/lib/modules/*/**/nvidia.ko*", recursive=True))
+
+
 def test_this_host_says_not_applicable_and_why():
-    # This build machine has no NVIDIA driver at all.
     rc, doc = status_json()
-    assert doc["state"] == "not-applicable"
-    assert rc == 0
-    codes = [f["code"] for f in doc["findings"]]
-    assert "no-nvidia-driver" in codes
     assert doc["host"]["page_size"] == os.sysconf("SC_PAGE_SIZE")
     assert doc["host"]["kernel"] == os.uname().release
+    codes = [f["code"] for f in doc["findings"]]
+    if host_has_nvidia_driver():
+        assert doc["state"] != "not-applicable" and "no-nvidia-driver" not in codes
+        return
+    assert doc["state"] == "not-applicable"
+    assert rc == 0
+    assert "no-nvidia-driver" in codes
 
 
 def test_this_host_text_output_is_readable():
     r = cli("status", "--direct")
-    assert r.returncode == 0
-    assert "State:" in r.stdout and "not-applicable" in r.stdout
-    assert "no NVIDIA driver" in r.stdout.lower() or "No NVIDIA driver" in r.stdout
+    assert r.returncode in (0, 1)
+    assert "State:" in r.stdout and "Kernel:" in r.stdout and "remedy:" in r.stdout
+    if not host_has_nvidia_driver():
+        assert r.returncode == 0 and "not-applicable" in r.stdout and "No NVIDIA driver" in r.stdout
 
 
 @pytest.fixture
