@@ -25,7 +25,6 @@
 #include <linux/spinlock.h>
 #include <linux/slab.h>
 #include <linux/mm.h>
-#include <linux/highmem.h>
 #include <linux/string.h>
 
 #include "uvm_pt_pack.h"
@@ -259,12 +258,13 @@ static unsigned int pt_pack_take_slot(struct uvm_pt_pack_class *c, struct pt_pac
 	return slot;
 }
 
+/*
+ * Backing pages come from alloc_pages() without __GFP_HIGHMEM (NVIDIA's flags
+ * are GFP_KERNEL based), so they are in the kernel's linear map.
+ */
 static void pt_pack_zero_slot(struct page *page, u64 offset, unsigned int len)
 {
-	void *va = kmap(page);
-
-	memset((char *)va + offset, 0, len);
-	kunmap(page);
+	memset((char *)page_address(page) + offset, 0, len);
 }
 
 int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 size,
