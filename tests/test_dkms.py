@@ -85,6 +85,8 @@ def host_env():
             for p, existed in before.items():
                 if not existed:
                     Path(p).unlink(missing_ok=True)
+            for log in Path(dkms.LOG_DIR).glob(f"dkms-build-*-{kernel}.log"):
+                log.unlink()
             shutil.rmtree(dkms.STATE_DIR, ignore_errors=True)
             sh("depmod", "-a", kernel)
 
@@ -374,17 +376,21 @@ def test_built_module_is_patched_versioned_and_signed(host_env, built):
 
 
 def _crcs_by_objcopy(ko: str) -> dict:
-    """Independent of our kotool: the brief's objcopy + nm + od method on the installed nvidia.ko."""
-    tmp = Path("/tmp") / f"kcrctab-{os.getpid()}"
-    sh("objcopy", "-O", "binary", "--only-section=__kcrctab", ko, tmp, check=True)
-    data = tmp.read_bytes()
-    tmp.unlink()
+    """Independent of our kotool: binutils only. objdump -t names each __crc_ symbol's section
+    (__kcrctab, or __kcrctab_gpl for EXPORT_SYMBOL_GPL) and offset; objcopy dumps that section."""
+    sections: dict[str, bytes] = {}
     out = {}
-    for line in sh("nm", ko, check=True).stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[2].startswith("__crc_"):
-            off = int(parts[0], 16)
-            out[parts[2][6:]] = int.from_bytes(data[off:off + 4], "little")
+    for line in sh("objdump", "-t", ko, check=True).stdout.splitlines():
+        m = re.match(r"^([0-9a-f]+)\s.*\s(__kcrctab\S*)\s+[0-9a-f]+\s+__crc_(\S+)$", line)
+        if not m:
+            continue
+        off, sec, sym = int(m.group(1), 16), m.group(2), m.group(3)
+        if sec not in sections:
+            tmp = Path("/tmp") / f"kcrctab-{os.getpid()}"
+            sh("objcopy", "-O", "binary", f"--only-section={sec}", ko, tmp, check=True)
+            sections[sec] = tmp.read_bytes()
+            tmp.unlink()
+        out[sym] = int.from_bytes(sections[sec][off:off + 4], "little")
     return out
 
 

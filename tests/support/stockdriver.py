@@ -223,6 +223,9 @@ def uninstall_stock(version: str, kernel: str | None = None, root: str = "/") ->
         if (d / MARKER).exists():
             shutil.rmtree(d)
             changed = True
+    kdir = r / "lib/modules" / kernel / "kernel"
+    if changed and kdir.is_dir() and not any(kdir.iterdir()):
+        kdir.rmdir()  # created by install_stock on a headers-only kernel
     if changed and (r / "lib/modules" / kernel).is_dir():
         _depmod(kernel, root)
 
