@@ -35,14 +35,17 @@ VERSION=$(sed -n 's/.*-DNV_VERSION_STRING=\\"\([^\\"]*\)\\".*/\1/p' "$SRC/Kbuild
 OUT=$(realpath -m "${4:-/var/tmp/spark-memsaver-matrix/$VERSION-$ARCH}")
 
 case "$ARCH" in
-  x86_64) CROSS=""; MACHINE="x86-64";  MAKEARCH=(ARCH=x86_64) ;;
-  arm64)  CROSS=aarch64-linux-gnu-; MACHINE="aarch64"; MAKEARCH=(ARCH=arm64 CROSS_COMPILE=$CROSS) ;;
+  x86_64) CROSS=""; MACHINE="X86-64";  MAKEARCH=(ARCH=x86_64) ;;
+  # NVIDIA's Makefile passes "LD=$(LD)" down (default plain ld) in 575+: name the cross tools explicitly.
+  arm64)  CROSS=aarch64-linux-gnu-; MACHINE="AArch64"
+          MAKEARCH=(ARCH=arm64 CROSS_COMPILE=$CROSS CC=${CROSS}gcc LD=${CROSS}ld OBJDUMP=${CROSS}objdump) ;;
   *) echo "ARCH must be x86_64 or arm64" >&2; exit 2 ;;
 esac
-# Debian splits headers into build (output) and source (common) trees.
+# Debian splits headers into a build (output) tree whose Makefile includes the source (common) tree.
 SYSOUT=$KDIR
-if [ -e "$KDIR/source" ]; then SYSSRC=$(realpath "$KDIR/source"); else SYSSRC=$KDIR; fi
-KREL=$(cat "$SYSOUT/include/config/kernel.release")
+SYSSRC=$(sed -n 's#^include \(/.*\)/Makefile$#\1#p' "$KDIR/Makefile" | head -1)
+[ -n "$SYSSRC" ] && [ -d "$SYSSRC" ] || SYSSRC=$KDIR
+KREL=$(sed -n 's/^#define UTS_RELEASE "\(.*\)"$/\1/p' "$SYSOUT/include/generated/utsrelease.h")
 
 rm -rf "$OUT"; mkdir -p "$OUT"
 exec 3>&1
@@ -72,6 +75,20 @@ warnings() {  # $1 log, $2 tree -> normalised "file: warning: text" lines (no li
 undefined() {  # $1 .ko -> undefined symbols not exported by the kernel and not nvUvmInterface*
   comm -23 <(${CROSS}nm -u "$1" | awk '{print $2}' | sort -u) \
            <(awk '{print $2}' "$SYSOUT/Module.symvers" | sort -u) | grep -v '^nvUvmInterface' || true
+}
+
+modinfo_f() {  # $1 key, $2 .ko: like modinfo -F, for any architecture (reads .modinfo with readelf)
+  readelf -p .modinfo "$2" | sed -n "s/^ *\[ *[0-9a-f]*\] *$1=//p"
+}
+
+undefined_ours() {  # $1 tree, $2 .ko -> symbols our objects need that neither the kernel exports, nor the
+  # module defines, nor any stock NVIDIA object of the same build also needs (config artefacts of the tree)
+  local t=$1
+  comm -23 <(${CROSS}nm -u "$t/nvidia-uvm/uvm_pt_pack.o" "$t/nvidia-uvm/uvm_mmu.o" | awk 'NF==2 {print $2}' | sort -u) \
+    <( { awk '{print $2}' "$SYSOUT/Module.symvers"
+         ${CROSS}nm --defined-only "$2" | awk '{print $3}'
+         find "$t/nvidia-uvm" -name '*.o' ! -name uvm_pt_pack.o ! -name uvm_mmu.o -print0 \
+           | xargs -0 ${CROSS}nm -u | awk 'NF==2 {print $2}'; } | sort -u ) || true
 }
 
 STOCK_S=null
@@ -112,23 +129,23 @@ elif [ -n "$MMU" ]; then
 fi
 if [ -f "$KO" ]; then
   undefined "$KO" > "$OUT/patched.undefined"
+  undefined_ours "$OUT/patched" "$KO" > "$OUT/patched.undefined-ours"
+  NEWU=$(cat "$OUT/patched.undefined-ours")
   if [ "$STOCK" = 1 ]; then
-    NEWU=$(comm -13 "$OUT/stock.undefined" "$OUT/patched.undefined" || true)
-  else
-    NEWU=$(cat "$OUT/patched.undefined")
+    NEWU="$NEWU $(comm -13 "$OUT/stock.undefined" "$OUT/patched.undefined" || true)"
+    NEWU=$(echo $NEWU)
   fi
   [ -z "$NEWU" ] || FAIL+=("undefined symbols: $(echo $NEWU)")
-  PARMS=$(modinfo -F parm "$KO" | sed -n 's/^\(uvm_pt_pack[a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')
-  TAG=$(modinfo -F spark_memsaver "$KO")
-  KOVER=$(modinfo -F version "$KO")
-  VERMAGIC=$(modinfo -F vermagic "$KO")
-  ELF=$(file -b "$KO")
+  PARMS=$(modinfo_f parm "$KO" | sed -n 's/^\(uvm_pt_pack[a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')
+  TAG=$(modinfo_f spark_memsaver "$KO")
+  KOVER=$(modinfo_f version "$KO")
+  VERMAGIC=$(modinfo_f vermagic "$KO")
+  ELF=$(readelf -h "$KO" | sed -n 's/^ *Machine: *//p')
   [ "$PARMS" = "uvm_pt_pack uvm_pt_pack_stats " ] || FAIL+=("parameters: '$PARMS'")
   [ "$TAG" = "uvm-pt-pack/1" ] || FAIL+=("spark_memsaver tag: '$TAG'")
   [ "$KOVER" = "$VERSION" ] || FAIL+=("module version '$KOVER' != $VERSION")
   case "$VERMAGIC" in "$KREL "*) ;; *) FAIL+=("vermagic '$VERMAGIC' is not for $KREL") ;; esac
   case "$ELF" in *"$MACHINE"*) ;; *) FAIL+=("ELF machine: $ELF") ;; esac
-  nm "$KO" >/dev/null 2>&1 || true
   PACKSYMS=$(${CROSS}nm "$KO" | grep -c ' uvm_pt_pack_alloc$\| uvm_pt_pack_free$' || true)
   [ "$PACKSYMS" = 2 ] || FAIL+=("pool functions not linked in ($PACKSYMS)")
 fi
@@ -140,6 +157,7 @@ NW_PATCHED=$(wc -l < "$OUT/patched.warnings")
 STATUS=pass; [ ${#FAIL[@]} = 0 ] || STATUS=fail
 "$PYTHON" - "$OUT/result.json" <<EOF
 import json, sys
+null, true, false = None, True, False
 fail = """$(printf '%s\n' "${FAIL[@]:-}")""".strip().splitlines()
 json.dump({"version": "$VERSION", "arch": "$ARCH", "kernel": "$KREL", "arm64_64k_pages": $PAGE64K,
            "status": "$STATUS", "failures": fail,
