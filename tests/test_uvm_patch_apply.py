@@ -227,8 +227,9 @@ def test_unknown_version_clean_but_untested_is_refused_with_statement(synth, tmp
 def test_unknown_version_not_clean_is_refused(synth, tmp_path):
     _set_version(synth, "549.1")
     mmu = synth / "nvidia-uvm/uvm_mmu.c"
-    mmu.write_text(mmu.read_text().replace("    page_tree_set_location(tree, location);\n",
-                                           "    page_tree_set_location(tree, location, 0);\n"))
+    text = mmu.read_text()
+    assert text.count("    if (tree->root == NULL)\n") == 1
+    mmu.write_text(text.replace("    if (tree->root == NULL)\n", "    if (!tree->root)\n"))
     out = _out(tmp_path)
     for allow in (False, True):
         with pytest.raises(up.UnknownDriverVersion) as ei:

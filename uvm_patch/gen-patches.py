@@ -91,9 +91,9 @@ static bool pt_pack_dev_is_dma_coherent(struct pci_dev *pci_dev)
 #endif
 }
 
-// Evaluated once per tree, after the tree location is known and before the
-// root is allocated. Holds no resources: callers skip uvm_page_tree_deinit()
-// when the root allocation fails.
+// Evaluated once per tree, after the tree location is known and the root (never
+// packed) is allocated, so every later table sees the decision. Allocates
+// nothing.
 static void pt_pack_tree_init(uvm_page_tree_t *tree)
 {
     uvm_gpu_t *gpu = tree->gpu;
@@ -188,8 +188,12 @@ def edit_mmu_c(text: str, br: Branch) -> str:
     _once(text, old, "allocate_directory")
     text = text.replace(old, new)
 
-    # 4. tree init: once the location is known, before the root is allocated.
-    text = _insert_after(text, "    page_tree_set_location(tree, location);\n",
+    # 4. tree init: once the location is known and the root exists. The root (depth 0) never goes to the
+    #    pool, and callers skip uvm_page_tree_deinit() when the root allocation fails, so initialising the
+    #    pool only after that check keeps its per-tree counters balanced on that failure path.
+    text = _insert_after(text, "    tree->root = allocate_directory(tree, UVM_PAGE_SIZE_AGNOSTIC, 0, UVM_PMM_ALLOC_FLAGS_EVICT);\n"
+                         "\n    if (tree->root == NULL)\n        return NV_ERR_NO_MEMORY;\n",
+                         "\n    // spark-memsaver: decide once per tree whether its tables are packed.\n"
                          "    pt_pack_tree_init(tree);\n", "uvm_page_tree_init")
 
     # 5. tree deinit: at the very end, after the root (and map_remap tables) are freed.
