@@ -92,6 +92,16 @@ def test_apply_real_550_tree(tmp_path):
         up.apply_patch(src, dest)
 
 
+def test_slim_copy_leaves_out_the_rm_blob(tmp_path):
+    src = _tree_or_skip("550.163.01")
+    assert (src / "nvidia/nv-kernel.o_binary").exists()
+    m = up.apply_patch(src, tmp_path / "p", slim=True)
+    assert m["slim"] is True
+    assert not (tmp_path / "p/nvidia/nv-kernel.o_binary").exists()
+    assert (tmp_path / "p/nvidia/nvidia.Kbuild").exists()  # conftest lists stay
+    assert (tmp_path / "p/nvidia-uvm/uvm_pt_pack.c").exists()
+
+
 def test_branch_drift_is_absorbed_535_vs_555(tmp_path):
     m535 = up.apply_patch(_tree_or_skip("535.261.03"), tmp_path / "a")
     m555 = up.apply_patch(_tree_or_skip("555.58.02"), tmp_path / "b")

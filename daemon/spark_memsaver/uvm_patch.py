@@ -26,7 +26,7 @@ Steps and preconditions (each refusal is a named error with a remedy; nothing is
    to DEST atomically. Any failure removes the temporary copy.
 
 Python API: :func:`apply_patch`, :func:`check_source`, :func:`read_tree_version`, :func:`load_manifest`.
-CLI: ``spark-memsaver patch apply --source SRC --dest DEST [--tier-default N] [--allow-untested] [--json]``
+CLI: ``spark-memsaver patch apply --source SRC --dest DEST [--tier-default N] [--allow-untested] [--slim] [--json]``
 and ``spark-memsaver patch check --source SRC [--json]`` (dry run only).
 """
 
@@ -329,11 +329,13 @@ def check_source(source: Path, *, allow_untested: bool = False, manifest: Manife
 
 
 def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested: bool = False,
-                manifest: Manifest | None = None, runner: Runner | None = None) -> dict:
+                slim: bool = False, manifest: Manifest | None = None, runner: Runner | None = None) -> dict:
     """Copy SRC to the new directory DEST, add the pool, apply the branch patch with zero fuzz.
 
     tier_default: None keeps the pool's compiled-in default; 0/1/2 sets -DUVM_PT_PACK_DEFAULT for
-    uvm_pt_pack.o. Returns the marker dict (also written to DEST/spark-memsaver-uvm-patch.json).
+    uvm_pt_pack.o. slim: leave out NVIDIA's prebuilt ``*.o_binary`` blobs (the ~220 MB RM core, only
+    needed to link nvidia.ko; nvidia-uvm does not use them). Returns the marker dict (also written to
+    DEST/spark-memsaver-uvm-patch.json).
     """
     runner = runner or Runner()
     manifest = manifest or load_manifest()
@@ -354,7 +356,8 @@ def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         work = tmp / "tree"
-        shutil.copytree(source, work, symlinks=True)
+        shutil.copytree(source, work, symlinks=True,
+                        ignore=shutil.ignore_patterns("*.o_binary") if slim else None)
         for f in manifest.pool_files:
             target = work / POOL_DEST / f.name
             if target.exists():
@@ -383,6 +386,7 @@ def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested
             "qualification": sel.qualification,
             "verified_on": sel.verified_on,
             "tier_default": tier_default,
+            "slim": slim,
             "patches": {str(p.relative_to(manifest.root)): _sha256(p) for p in sel.patches},
             "pool": {f.name: _sha256(f) for f in manifest.pool_files},
         }
@@ -424,10 +428,11 @@ def _print(doc: dict, as_json: bool, lines: list[str]) -> None:
               help="Build-time default of uvm_pt_pack: 0 off, 1 4 KiB slots, 2 256 B tier (opt-in).")
 @click.option("--allow-untested", is_flag=True,
               help="Apply the nearest branch's patch to a version the manifest does not list, if clean.")
+@click.option("--slim", is_flag=True, help="Leave out NVIDIA's prebuilt *.o_binary blobs (not used by nvidia-uvm).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def apply_cmd(source, dest, tier_default, allow_untested, as_json):
+def apply_cmd(source, dest, tier_default, allow_untested, slim, as_json):
     """Copy SOURCE to DEST, add the pool, apply the driver branch's patch with zero fuzz."""
-    m = apply_patch(source, dest, tier_default, allow_untested=allow_untested)
+    m = apply_patch(source, dest, tier_default, allow_untested=allow_untested, slim=slim)
     lines = [f"patched NVIDIA {m['version']} ({m['branch']}, {m['qualification']}) into {m['dest']}"]
     if m["qualification"] == "untested":
         lines.append("warning: this patch is UNTESTED for this driver version")
