@@ -112,12 +112,15 @@ def evaluate(snap: dict, config: Config) -> Verdict:
     if sb_state == "unknown":
         f.append(Finding("secure-boot-unknown", "warning",
                          "Secure Boot / MOK state could not be read: " + (sb.get("reason") or "unknown reason") + ".",
-                         "Installing is refused until it can be read; run 'spark-memsaver mok status' for details."))
+                         sb.get("remedy") or "Installing is refused until it can be read; run "
+                         "'spark-memsaver mok status' for details."))
     elif sb_state not in SB_LOADABLE and sb_state:
+        why = f" ({sb['reason']})" if sb.get("reason") else ""
         f.append(Finding(f"mok-{sb_state}", "warning",
-                         f"Secure Boot is enforcing and the signing key is {sb_state.replace('-', ' ')}: "
+                         f"Secure Boot is enforcing and the signing key is {sb_state.replace('-', ' ')}{why}: "
                          "a module we sign will not load until the key is enrolled.",
-                         "Run 'spark-memsaver mok enroll' and confirm the key at the console on next boot."))
+                         sb.get("remedy") or "Run 'spark-memsaver mok enroll' and confirm the key at the console "
+                         "on next boot."))
 
     # 5. Policy for the running kernel.
     ours_selected = bool(running and (running.get("uvm_selected") or {}).get("patched"))
