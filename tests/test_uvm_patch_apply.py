@@ -326,3 +326,17 @@ def test_cli_refusal_is_named_json_and_exit_1(synth, tmp_path):
                         "--dest", str(out / "q"), "--json"], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(p.stdout)["branch"] == "r550" and (out / "q/nvidia-uvm/uvm_pt_pack.h").exists()
+
+
+@pytest.mark.parametrize("branch", ["r535", "r550", "r555", "r580", "r590", "r595"])
+def test_committed_patches_match_their_generator(branch):
+    """uvm_patch/gen-patches.py is the source of the hook text: the committed patch must be its output."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_patches", REPO / "uvm_patch/gen-patches.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    br = gen.BRANCHES[branch]
+    tree = _tree_or_skip(br.source_version)
+    committed = (REPO / "uvm_patch/patches" / branch / gen.PATCH_NAME).read_text()
+    assert gen.make_patch(br, tree) == committed
