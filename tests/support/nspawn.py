@@ -33,7 +33,9 @@ Containers
         headers are made visible so DKMS can build inside: ``/usr/src/linux-headers-*`` and
         ``/usr/lib/linux-kbuild-*`` are bind-mounted read-only and a *writable* ``/lib/modules/<K>`` is
         created in the container holding copies of the host's top-level entries (``build``/``source``
-        links, ``modules.*``), so ``dkms install`` and ``depmod`` write into the container only.
+        links, ``modules.*``), so ``dkms install`` and ``depmod`` write into the container only. Shared
+        libraries the headers' tools need (objtool: libelf1) are apt-installed at boot (~10 s), as the
+        linux-headers packages' dependencies would be.
         ``layer``: ``"overlay"`` (overlayfs over the cached rootfs; default when the kernel supports it),
         ``"copy"`` (``cp -a --reflink=auto``) or ``"auto"``.
         The host's CA bundle is bind-mounted at ``/etc/host-ca.crt`` and ``PIP_CERT``/``REQUESTS_CA_BUNDLE``
@@ -385,6 +387,34 @@ class Container:
         # Tests expect the host CA for Python HTTPS clients (pip/requests); apt does not need it.
         self.sh("test ! -e /etc/host-ca.crt || { printf 'PIP_CERT=/etc/host-ca.crt\\n"
                 "REQUESTS_CA_BUNDLE=/etc/host-ca.crt\\n' >> /etc/environment; }", timeout=30)
+        if self.kernels:
+            self._install_kbuild_libraries()
+
+    def _install_kbuild_libraries(self) -> None:
+        """The bound headers' tools (objtool, sign-file, modpost...) need the shared libraries their
+        packages depend on (libelf1, libssl3): install the missing ones, as installing linux-headers would."""
+        t = time.monotonic()
+        r = self.sh("for f in $(find /usr/lib/linux-kbuild-* /usr/src/linux-headers-* -type f -perm -u+x "
+                    "2>/dev/null); do head -c 4 \"$f\" | grep -q ELF && ldd \"$f\" 2>/dev/null; done "
+                    "| sed -n 's/^[[:space:]]*\\([^ ]*\\) => not found.*/\\1/p' | sort -u", timeout=120)
+        libs = r.stdout.split()
+        if not libs:
+            return
+        pkgs = set()
+        for lib in libs:
+            q = subprocess.run(["dpkg-query", "-S", f"*/{lib}"], capture_output=True, text=True)
+            for line in q.stdout.splitlines():
+                pkg = line.split(":", 1)[0].split(",")[0].strip()
+                if pkg and not pkg.endswith("-dev"):
+                    pkgs.add(pkg)
+                    break
+        if not pkgs:
+            raise ContainerError(f"kernel headers' tools miss {libs} and no host package provides them")
+        r = self.run(["apt-get", "install", "-y", "-q", *sorted(pkgs)], check=False, timeout=300)
+        if r.returncode != 0:
+            self.run(["apt-get", "update", "-q"], timeout=300)
+            self.run(["apt-get", "install", "-y", "-q", *sorted(pkgs)], timeout=300)
+        self.timings["kbuild-libs"] = time.monotonic() - t
 
     def _kernel_paths(self) -> list[str]:
         if not self.kernels:
