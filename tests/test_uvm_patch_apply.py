@@ -335,6 +335,7 @@ def test_committed_patches_match_their_generator(branch):
 
     spec = importlib.util.spec_from_file_location("gen_patches", REPO / "uvm_patch/gen-patches.py")
     gen = importlib.util.module_from_spec(spec)
+    sys.modules["gen_patches"] = gen  # dataclasses look their module up
     spec.loader.exec_module(gen)
     br = gen.BRANCHES[branch]
     tree = _tree_or_skip(br.source_version)
