@@ -167,7 +167,8 @@ def box(kernel, debs, tmp_path_factory):
     with nspawn.Container(kernels=[kernel], boot_timeout=120) as c:
         for d in list(debs.values()) + [ours]:
             c.copy_in(d, "/root/")
-        c.run(["apt-get", "install", "-y", f"/root/{ours.name}"], timeout=600)
+        # libelf1: the bound host headers' objtool needs it (the headers package would depend on it)
+        c.run(["apt-get", "install", "-y", f"/root/{ours.name}", "libelf1"], timeout=600)
         # this x86 test kernel has 4 KiB pages: build for it anyway (the policy is tested elsewhere)
         c.sh("printf 'kernels: all\\n' >> /etc/spark-memsaver/config.yaml; "
              "systemctl try-restart spark-memsaverd.service || true")
