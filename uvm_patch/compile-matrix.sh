@@ -107,7 +107,7 @@ fi
 
 log "apply step"
 PYTHONPATH="$REPO/daemon${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m spark_memsaver patch apply \
-  --source "$SRC" --dest "$OUT/patched" --json > "$OUT/apply.json"
+  --source "$SRC" --dest "$OUT/patched" --slim --json > "$OUT/apply.json"
 add_nvconftest "$OUT/patched"
 log "patched build ($ARCH, $KREL)"
 PATCHED_RC=0
