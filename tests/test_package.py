@@ -279,7 +279,8 @@ def test_install_build_remove_purge_in_container(deb, driver_deb):
         assert c.exists("/var/lib/spark-memsaver") and c.exists("/run/spark-memsaver")
 
         # 4. a supported driver arrives: our hooks build, sign, install and select the override
-        c.sh("printf 'kernels: all\\n' >> /etc/spark-memsaver/config.yaml")
+        # (the daemon reads its config at start: restart it after editing, as config.yaml says)
+        c.sh("printf 'kernels: all\\n' >> /etc/spark-memsaver/config.yaml && systemctl restart spark-memsaverd")
         t = time.monotonic()
         r = c.run(["apt-get", "install", "-y", drv], check=False, timeout=1200)
         _wait_daemon_idle(c)
@@ -331,7 +332,7 @@ def test_install_build_remove_purge_in_container(deb, driver_deb):
         for d in ("/etc/spark-memsaver", "/var/lib/spark-memsaver", "/var/cache/spark-memsaver",
                   "/run/spark-memsaver", "/usr/share/spark-memsaver", "/usr/lib/spark-memsaver",
                   "/etc/systemd/system/multi-user.target.wants/spark-memsaverd.service"):
-            assert not c.exists(d), f"{d} left after purge"
+            assert not c.exists(d), f"{d} left after purge: " + c.sh(f"find {d} | head -20", check=False).stdout
         found = c.sh("find / -xdev \\( -path /proc -o -path /sys -o -path /root \\) -prune -o "
                      "\\( -iname '*spark-memsaver*' -o -iname '*spark_memsaver*' -o -iname '*sparkmemsaver*' \\) "
                      "-print", timeout=120).stdout.split()
