@@ -526,6 +526,10 @@ def test_sighup_reloads_config_bad_config_is_reported_and_sigterm_exits(bus, dae
         cfg.write_text("interval: 90\n")
         os.kill(d.proc.pid, signal.SIGHUP)
         d.wait(lambda: d.prop("Interval") == 90 and d.prop("LastErrorName") == "", "the repaired config")
+        # An edit without SIGHUP is picked up before the next operation (here: Refresh) acts.
+        cfg.write_text("interval: 45\n")
+        jid = job_id(gdbus_call(bus, "Refresh", "{}"))
+        d.wait(lambda: d.prop("Interval") == 45, f"Interval 45 after an edit and Refresh job {jid}")
     finally:
         rc = d.stop()
         daemon.__init__(bus, spark, daemon.log)

@@ -122,6 +122,7 @@ class Daemon:
             "SecureBootState": "unknown", "LastError": "", "LastErrorName": "", "Interval": 60,
             "JobId": 0, "JobOperation": "", "JobState": "none", "JobFraction": 0.0, "JobMessage": "",
         }
+        self._config_stamp = self._config_file_stamp()
         self.config = self._load_config(initial=True)
         self.props["Interval"] = self.config.interval
         from .jobs import JobManager
@@ -139,8 +140,31 @@ class Daemon:
             self._set_error(e)
             return cfg.Config() if initial else self.config
 
+    def _config_file_stamp(self):
+        """Identity of the config file as it is now (None when absent): one stat, no read."""
+        from . import config as cfg
+
+        path = self.config_path or os.environ.get(cfg.ENV_VAR) or cfg.DEFAULT_PATH
+        if not (self.config_path or os.environ.get(cfg.ENV_VAR)) and self.root != "/":
+            path = os.path.join(self.root, path.lstrip("/"))
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _current_config(self):
+        """The config an operation must act on: re-read first if the file changed since it was loaded,
+        so an edit followed by an operation never acts on the old policy (no SIGHUP needed)."""
+        stamp = self._config_file_stamp()
+        if stamp != self._config_stamp:
+            self._config_stamp = stamp
+            self.reload()
+        return self.config
+
     def reload(self) -> bool:
         """SIGHUP: re-read the config, apply it, refresh the status."""
+        self._config_stamp = self._config_file_stamp()
         log.info("reloading the configuration")
         new = self._load_config()
         if new is not self.config and self.props["LastErrorName"] == names.error_name("ConfigError"):
@@ -302,7 +326,7 @@ class Daemon:
         kwargs.pop("progress", None)
         if op == "rollback":
             kwargs.setdefault("reason", f"requested over D-Bus by uid {caller.uid}")
-        host, config = self.host, self.config
+        host, config = self.host, self._current_config()
         job = self.jobs.start(op, lambda progress: call_operation(op, fn, host, config, progress, **kwargs),
                               uid=caller.uid, then=self._after_job)
         return job.id
@@ -310,6 +334,7 @@ class Daemon:
     def start_refresh(self, caller) -> int:
         """Refresh as a job (a real, harmless one): re-read the host and publish the new status."""
         self._check_accepting()
+        self._current_config()   # a refresh re-reads everything, the config file included
         out = {}
 
         def run(progress):
@@ -345,7 +370,7 @@ class Daemon:
             self._reconcile_pending = True
             return
         log.info("reconcile: %s", why)
-        host, config = self.host, self.config
+        host, config = self.host, self._current_config()
         self.jobs.start("reconcile", lambda progress: call_operation("reconcile", fn, host, config, progress),
                         uid=0, then=self._after_job)
 
