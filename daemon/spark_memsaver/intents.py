@@ -25,6 +25,7 @@ import os
 import re
 
 from .host import Host
+from .fsutil import atomic_write, fsync_dir  # noqa: F401  (atomic_write is used by lifecycle)
 
 STATE_DIR = "/var/lib/spark-memsaver"
 INTENTS = f"{STATE_DIR}/intents"
@@ -43,48 +44,12 @@ def _name(s: str | None) -> str:
     return _SAFE.sub("_", s or "all")
 
 
-def atomic_write(path, data: bytes | str, mode: int = 0o644) -> None:
-    """Replace ``path`` atomically (tmp + fsync + rename + fsync of the directory)."""
-    path = os.fspath(path)
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode()
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(d)
-
-
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _unlink(path) -> bool:
     try:
         os.unlink(path)
     except FileNotFoundError:
         return False
-    _fsync_dir(os.path.dirname(os.fspath(path)))
+    fsync_dir(os.path.dirname(os.fspath(path)))
     return True
 
 
@@ -146,7 +111,7 @@ def drop_unreadable(host: Host, path: str) -> None:
     src = host.path(path)
     with contextlib.suppress(OSError):
         os.rename(src, f"{src}.corrupt")
-        _fsync_dir(os.path.dirname(os.fspath(src)))
+        fsync_dir(os.path.dirname(os.fspath(src)))
 
 
 @contextlib.contextmanager

@@ -635,12 +635,10 @@ def write_request_record(host, cert_sha256: str) -> None:
 
     rec = {"cert_sha256": cert_sha256, "boot_id": (host.read_text(BOOT_ID) or "").strip() or None,
            "requested_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    path = host.path(REQUEST_RECORD)
+    from .fsutil import atomic_write
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(rec) + "\n")
-        os.replace(tmp, path)
+        atomic_write(host.path(REQUEST_RECORD), json.dumps(rec) + "\n", 0o644)
     except OSError:
         pass                     # only a hint is lost
 

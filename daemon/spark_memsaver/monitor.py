@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import tempfile
 import time
 from typing import Callable
 
@@ -113,20 +112,11 @@ def prometheus_text(sample: dict, state: str, version: str) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write beside the target, then rename over it: node_exporter never reads a half-written file."""
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".spark-memsaver.", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write beside the target, then rename over it: node_exporter never reads a half-written file.
+    Not fsynced: the file is rewritten every interval."""
+    from .fsutil import atomic_write
+
+    atomic_write(path, text, 0o644, durable=False)
 
 
 class Monitor:

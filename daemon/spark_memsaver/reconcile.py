@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from .config import Config
 from .errors import UsageError
+from .decide import kernel_in_policy
 
 # Secure Boot states in which a module we sign will load (same as decide.SB_LOADABLE).
 SB_LOADABLE = ("not-needed", "enrolled")
@@ -73,16 +74,6 @@ def upstream_of_deb(v: str | None) -> str | None:
     return up if DRIVER_VERSION_RE.match(up) else None
 
 
-def _in_policy(k: dict, config: Config) -> tuple[bool, str]:
-    if config.kernels == "all":
-        return True, ""
-    if k.get("page_size") == 65536:
-        return True, ""
-    ps = k.get("page_size")
-    what = f"{ps // 1024} KiB pages" if ps else "an unknown page size"
-    return False, f"kernel {k['release']} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels"
-
-
 def _sources(snap: dict) -> dict[str, dict]:
     return {s["version"]: s for s in (snap.get("driver") or {}).get("sources", []) if s.get("version")}
 
@@ -95,7 +86,7 @@ def _rollback_for(records: dict, kernel: str) -> dict | None:
 def why_not_build(k: dict, snap: dict, config: Config, support: dict) -> str | None:
     """None if we can build for kernel ``k`` now; else the reason it stays stock."""
     rel = k["release"]
-    ok, why = _in_policy(k, config)
+    ok, why = kernel_in_policy(k, config)
     if not ok:
         return why
     nv = (k.get("nvidia_selected") or {}).get("version")

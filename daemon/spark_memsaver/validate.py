@@ -48,7 +48,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -1056,31 +1055,9 @@ def render_summary(rep: dict) -> str:
 
 def save_report(rep: dict, path: str) -> None:
     """Write atomically: a temporary file beside it, fsync, rename, fsync the directory."""
-    d = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(d, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".validate-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(rep, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    from .fsutil import atomic_write
+
+    atomic_write(path, json.dumps(rep, indent=2) + "\n", 0o644)
 
 
 # --- orchestration --------------------------------------------------------------------------------------
