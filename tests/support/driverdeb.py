@@ -27,15 +27,18 @@ Command line: ``python3 tests/support/driverdeb.py VERSION [KERNEL]`` prints the
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+try:
+    from . import cache
+except ImportError:  # run as a script: python3 tests/support/<name>.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cache  # type: ignore
 
 try:
     from . import nvsrc, stockdriver
@@ -59,16 +62,7 @@ def deb_version(version: str) -> str:
     return f"{version}-1"
 
 
-@contextlib.contextmanager
-def _locked(name: str):
-    locks = nvsrc.cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+_locked = cache.locked
 
 
 def _reversion_tree(tree: Path, old: str, new: str) -> int:

@@ -81,11 +81,9 @@ Command line::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -94,6 +92,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+try:
+    from . import cache
+except ImportError:  # run as a script: python3 tests/support/<name>.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cache  # type: ignore
 
 __all__ = ["BASE_PACKAGES", "Container", "ContainerError", "CommandFailed", "rootfs", "kernel_headers",
            "debian_mirror", "available", "cache_dir"]
@@ -124,22 +128,8 @@ class CommandFailed(ContainerError):
         self.result = result
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("SPARK_MEMSAVER_TEST_CACHE", "/var/cache/spark-memsaver-tests"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@contextlib.contextmanager
-def _locked(name: str):
-    locks = cache_dir() / "locks"
-    locks.mkdir(exist_ok=True)
-    with open(locks / f"{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+cache_dir = cache.cache_dir
+_locked = cache.locked
 
 
 def _tail(text: str, n: int = 25) -> str:
@@ -162,38 +152,15 @@ def _host_run(argv, *, timeout=600, check=True, env=None, log=None):
 # --------------------------------------------------------------------------------------------
 # apt sources
 
-def _source_entries() -> list[tuple[str, list[str]]]:
-    entries: list[tuple[str, list[str]]] = []
-    for f in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-        for stanza in re.split(r"\n\s*\n", Path(f).read_text(errors="replace")):
-            fields: dict[str, str] = {}
-            for line in stanza.splitlines():
-                if line.startswith("#") or ":" not in line or line[:1].isspace():
-                    continue
-                k, v = line.split(":", 1)
-                fields[k.strip().lower()] = v.strip()
-            if fields.get("enabled", "yes").lower() == "no" or "deb" not in fields.get("types", "").split():
-                continue
-            for uri in fields.get("uris", "").split():
-                entries.append((uri.rstrip("/"), fields.get("suites", "").split()))
-    for f in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
-        try:
-            text = Path(f).read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            m = re.match(r"\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line)
-            if m:
-                entries.append((m.group(1).rstrip("/"), [m.group(2)]))
-    return entries
+_source_entries = cache.source_entries
 
 
 def debian_mirror() -> str:
     """The Debian archive URI the host's apt uses (the entry that carries a plain release suite)."""
-    for uri, suites in _source_entries():
-        if any(s in ("bookworm", "trixie", "sid", "stable", "testing", "unstable") for s in suites):
-            return uri
-    raise ContainerError("no Debian archive entry in /etc/apt/sources.list(.d); configure apt with a Debian mirror")
+    uri = cache.debian_mirror()
+    if uri is None:
+        raise ContainerError("no Debian archive entry in /etc/apt/sources.list(.d); configure apt with a Debian mirror")
+    return uri
 
 
 def _security_mirror(suite: str) -> str | None:

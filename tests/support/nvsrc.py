@@ -38,8 +38,6 @@ Command line (for CI warm-up or by hand)::
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import glob
 import os
 import re
@@ -48,6 +46,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+try:
+    from . import cache
+except ImportError:  # run as a script: python3 tests/support/<name>.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cache  # type: ignore
 
 __all__ = ["SourceUnavailable", "DEBIAN_VERSIONS", "cache_dir", "debian_mirror", "nvidia_source",
            "x86_headers", "arm64_64k_tree", "export_git_tag"]
@@ -67,22 +71,8 @@ class SourceUnavailable(RuntimeError):
     """A cached input cannot be produced on this machine (message says why and what to do)."""
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("SPARK_MEMSAVER_TEST_CACHE", "/var/cache/spark-memsaver-tests"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@contextlib.contextmanager
-def _locked(name: str):
-    locks = cache_dir() / "locks"
-    locks.mkdir(exist_ok=True)
-    with open(locks / f"{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+cache_dir = cache.cache_dir
+_locked = cache.locked
 
 
 def _run(argv, *, cwd=None, env=None, timeout=1800, log=None):
@@ -102,41 +92,16 @@ def _run(argv, *, cwd=None, env=None, timeout=1800, log=None):
 # --------------------------------------------------------------------------------------------
 # Debian archive access through a private apt configuration
 
-def _system_source_entries() -> list[tuple[str, list[str]]]:
-    """(uri, suites) of the system's Debian entries, deb822 and one-line formats."""
-    entries: list[tuple[str, list[str]]] = []
-    for f in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-        for stanza in re.split(r"\n\s*\n", Path(f).read_text(errors="replace")):
-            fields: dict[str, str] = {}
-            for line in stanza.splitlines():
-                if line.startswith("#") or ":" not in line or line[:1].isspace():
-                    continue
-                k, v = line.split(":", 1)
-                fields[k.strip().lower()] = v.strip()
-            if fields.get("enabled", "yes").lower() == "no" or "deb" not in fields.get("types", "").split():
-                continue
-            for uri in fields.get("uris", "").split():
-                entries.append((uri.rstrip("/"), fields.get("suites", "").split()))
-    lists = ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list"))
-    for f in lists:
-        try:
-            text = Path(f).read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            m = re.match(r"\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line)
-            if m:
-                entries.append((m.group(1).rstrip("/"), [m.group(2)]))
-    return entries
+_system_source_entries = cache.source_entries
 
 
 def debian_mirror() -> str:
     """The Debian archive URI the system uses (the entry carrying a plain release suite)."""
-    for uri, suites in _system_source_entries():
-        if any(s in ("bookworm", "trixie", "sid", "stable", "testing", "unstable") for s in suites):
-            return uri
-    raise SourceUnavailable("no Debian archive entry found in /etc/apt/sources.list(.d); "
-                            "configure apt with a Debian mirror")
+    uri = cache.debian_mirror()
+    if uri is None:
+        raise SourceUnavailable("no Debian archive entry found in /etc/apt/sources.list(.d); "
+                                "configure apt with a Debian mirror")
+    return uri
 
 
 def _apt(arch: str, lines: list[str]) -> list[str]:

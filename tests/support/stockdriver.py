@@ -43,8 +43,6 @@ Command line: ``python3 tests/support/stockdriver.py build|install|uninstall VER
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -54,6 +52,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+try:
+    from . import cache
+except ImportError:  # run as a script: python3 tests/support/<name>.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cache  # type: ignore
 
 try:
     from . import nvsrc
@@ -90,16 +94,7 @@ def source_dir(version: str) -> str:
     return f"/usr/src/nvidia-{version}"
 
 
-@contextlib.contextmanager
-def _locked(name: str):
-    locks = nvsrc.cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+_locked = cache.locked
 
 
 def _fix_pci_resize(tree: Path, kernel: str) -> list[str]:
