@@ -195,12 +195,9 @@ def _create_pair(host: Host, key: str, cert: str, distro: str) -> None:
 
 
 def _write_atomic(host: Host, path: str, text: str, mode: int = 0o644) -> None:
-    p = host.path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.rename(tmp, p)
+    from .fsutil import atomic_write
+
+    atomic_write(host.path(path), text, mode)
 
 
 def ensure(host: Host, config) -> dict:
