@@ -710,3 +710,24 @@ def test_unsupported_when_an_operation_module_is_absent(monkeypatch):
     assert dmod.call_operation("build", takes_progress, "H", "C", "P", kernel="k") == {"ok": True}
     assert calls == [("H", "C", "P", "k")]
     assert dmod.call_operation("request-enrollment", no_progress, "H", "C", "P", password="pw") is True
+
+
+def test_unprivileged_cli_mutations_go_through_the_daemon(daemon, bus, tmp_path):
+    """A non-root `spark-memsaver install/remove/rollback/activate` asks spark-memsaverd (where polkit decides)
+    instead of failing locally; without a daemon it refuses locally, naming root."""
+    env = bus.env(PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    for argv in (["install", "--json"], ["remove", "--all", "--json"], ["rollback", "--json"],
+                 ["activate", "--json"]):
+        r = subprocess.run(NOBODY + ["/usr/bin/python3", "-m", "spark_memsaver", *argv], capture_output=True,
+                           text=True, env=env, timeout=60, cwd="/")
+        assert r.returncode == 1, (argv, r.stdout, r.stderr)
+        err = json.loads(r.stdout)["error"]
+        assert err["name"] == "NotPermitted" and "polkit" in err["message"], (argv, err)
+        assert "Traceback" not in r.stderr
+    env["DBUS_SYSTEM_BUS_ADDRESS"] = f"unix:path={tmp_path}/no-bus-here"
+    r = subprocess.run(NOBODY + ["/usr/bin/python3", "-m", "spark_memsaver", "install", "--json"],
+                       capture_output=True, text=True, env=env, timeout=60, cwd="/")
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 1 and err["name"] == "NotPermitted" and "polkit" not in err["message"], err
+    assert daemon.proc.poll() is None

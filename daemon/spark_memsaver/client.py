@@ -291,3 +291,16 @@ def register(cli) -> None:
             click.echo(f"{t:<20} {mib(s.get('mem_available')):>13} {mib(s.get('backing_bytes')):>11} "
                        f"{mib(s.get('saved_bytes')):>10}  {s.get('reason', '')}")
         return 0
+
+
+def act_unprivileged(host, method: str, progress=None, **options) -> dict | None:
+    """For a mutating CLI command run by a non-root user on the live system: do it through spark-memsaverd
+    (where polkit decides) and return the operation's result; None when the caller is root, inspects
+    another root, or no daemon runs (the command then acts directly, or refuses with NotPermitted).
+    Options that are None are not sent."""
+    if not host.is_live or os.geteuid() == 0:
+        return None
+    job = maybe_call_job(method, progress=progress, **{k: v for k, v in options.items() if v is not None})
+    if job is None:
+        return None
+    return job.get("result") if isinstance(job.get("result"), dict) else {"job": job}

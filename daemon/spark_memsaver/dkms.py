@@ -1169,9 +1169,15 @@ class _Line:
 
 
 def _run_cli(obj, fn, as_json: bool, **kw):
+    from . import client
+
     line = _Line(not as_json)
     try:
-        doc = fn(obj.host, obj.config, progress=line, **kw)
+        method = {build: "Build", install: "Install", remove: "Remove"}[fn]
+        remote = {k: v for k, v in kw.items() if k != "force" and v not in (None, False)}
+        doc = client.act_unprivileged(obj.host, method, progress=line, **remote) if not kw.get("force") else None
+        if doc is None:
+            doc = fn(obj.host, obj.config, progress=line, **kw)
     finally:
         line.done()
     return doc

@@ -550,7 +550,13 @@ def register(root) -> None:
     @click.pass_obj
     def rollback_cmd(obj, as_json, kernel, reason):
         """Return to the stock nvidia-uvm (verified) and record why; status then says rolled-back."""
-        doc = rollback(obj.host, obj.config, reason=reason, progress=None if as_json else progress, kernel=kernel)
+        from . import client
+
+        doc = None if kernel else client.act_unprivileged(obj.host, "Rollback", reason=reason,
+                                                          progress=None if as_json else progress)
+        if doc is None:
+            doc = rollback(obj.host, obj.config, reason=reason, progress=None if as_json else progress,
+                           kernel=kernel)
         lines = ["nothing to roll back: the stock nvidia-uvm is selected"] if doc["nothing_to_do"] else \
             [f"{d['kernel']}: {'stock selected' if d['ok'] else 'FAILED: ' + d['error']['message']}"
              for d in doc["kernels"]]
@@ -564,7 +570,12 @@ def register(root) -> None:
     def activate_cmd(obj, as_json, dry_run):
         """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).
         Exit 0 active, 1 refused or deferred to next boot, 3 failed."""
-        doc = activate(obj.host, obj.config, None if as_json else progress, dry_run=dry_run)
+        from . import client
+
+        doc = None if dry_run else client.act_unprivileged(obj.host, "Activate",
+                                                           progress=None if as_json else progress)
+        if doc is None:
+            doc = activate(obj.host, obj.config, None if as_json else progress, dry_run=dry_run)
         if doc.get("activated"):
             lines = [f"active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
         elif doc.get("dry_run"):
