@@ -524,3 +524,31 @@ def test_remove_after_source_deleted_restores_stock_and_spares_others(host_env, 
     assert dkms.PACKAGE not in st.stdout
     assert re.search(rf"{DUMMY}/1.0, {re.escape(kernel)}, \S+: built", st.stdout), st.stdout
     assert res["registrations_left"] == []
+
+
+def test_restore_keeps_a_stock_file_a_driver_package_replaced(tmp_path):
+    """Plain `dpkg -i` of a newer driver replaced the stock nvidia-uvm we recorded at install time. Removing
+    our override must keep the NEW stock file (restoring the recorded one would pair the old driver's UVM
+    with the new nvidia.ko) and verify it as selected. Fixture root: real ELF modules, real depmod."""
+    import hashlib
+
+    from spark_memsaver.host import Host
+    from tests.support import sparkroot
+
+    root = sparkroot.make_spark_root(tmp_path / "root")
+    k = sparkroot.SPARK_KERNEL
+    stock = f"/lib/modules/{k}/kernel/nvidia-580-open/nvidia-uvm.ko"
+    old = sparkroot.make_module(tmp_path / "old" / "nvidia-uvm.ko",
+                                sparkroot.uvm_fields("575.51.02", "OLDSRCVERSION00000000000", k, ours=False))
+    old_sha = hashlib.sha256(old.read_bytes()).hexdigest()
+    backup = root / f"var/lib/spark-memsaver/dkms/original/{k}/kernel/nvidia-575-open/nvidia-uvm.ko"
+    backup.parent.mkdir(parents=True)
+    backup.write_bytes(old.read_bytes())
+    sparkroot.write(root, f"/var/lib/spark-memsaver/dkms/{k}.json",
+                    json.dumps({"stock_path": stock, "stock_sha256": old_sha}))
+    new_sha = hashlib.sha256((root / stock.lstrip("/")).read_bytes()).hexdigest()
+    res = dkms.restore_stock(Host(root), k)
+    assert res["ok"], res
+    assert res["selected"] == stock
+    assert hashlib.sha256((root / stock.lstrip("/")).read_bytes()).hexdigest() == new_sha
+    assert any("replaced the recorded stock file" in a for a in res["actions"])

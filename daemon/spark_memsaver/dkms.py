@@ -1062,7 +1062,15 @@ def restore_stock(host: Host, kernel: str) -> dict:
     # 2. The stock file must be back where the driver package put it (DKMS >= 3.1 moves it to
     #    original_module/; 3.1.0-3.1.6 restore it to DEST_MODULE_LOCATION instead of its origin).
     stock_path, stock_sha = rec.get("stock_path"), rec.get("stock_sha256")
-    if stock_path and stock_sha and sha256(host.path(stock_path)) != stock_sha:
+    cur_sha = sha256(host.path(stock_path)) if stock_path else None
+    replaced = False
+    if stock_path and stock_sha and cur_sha is not None and cur_sha != stock_sha and not _file_is_ours(host, stock_path):
+        # Another stock file stands there now: a driver package replaced it since we recorded it (a driver
+        # update, e.g. plain dpkg -i). It is the stock module of the installed driver. Putting the recorded
+        # one back would pair the OLD driver's nvidia-uvm with the NEW nvidia.ko: never.
+        replaced = True
+        actions.append(f"kept {stock_path}: a driver package replaced the recorded stock file since")
+    if stock_path and stock_sha and cur_sha != stock_sha and not replaced:
         cands = list(host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}").rglob(f"{MODULE}.ko*")) + \
             [host.path(installed_path(host, kernel, s)) for s in _SUFFIXES] + \
             list(host.path(STATE_DIR).glob(f"original/{kernel}/**/{MODULE}.ko*"))
@@ -1086,11 +1094,20 @@ def restore_stock(host: Host, kernel: str) -> dict:
     if after and after.get("ours"):
         problems.append(f"our module {after['path']} is still selected")
     if stock_path and stock_sha:
-        if after is None or after.get("path") != stock_path or after.get("sha256") != stock_sha:
+        if after is None or after.get("path") != stock_path or (after.get("sha256") != stock_sha and not replaced):
             problems.append(f"the stock {stock_path} is not the selected {MODULE} "
                             f"(selected: {after and after.get('path')})")
     return {"kernel": kernel, "selected": after and after.get("path"), "actions": actions,
             "ok": not problems, "problems": problems, "stock": rec}
+
+
+def _file_is_ours(host: Host, path: str) -> bool:
+    """Whether the module file at ``path`` is our patched nvidia-uvm (its modinfo tag)."""
+    try:
+        info, _ = kotool().modinfo(str(host.path(path)))
+    except Exception:
+        return False
+    return info.get("spark_memsaver") == PATCH_ID
 
 
 def _backup_originals(host: Host, kernel: str) -> None:
