@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "daemon"))
 
 from tests.support.privatebus import PrivateSystemBus, start_daemon, stop_process  # noqa: E402
-from spark_memsaver import names  # noqa: E402
+from spark_memsaver.service import names  # noqa: E402
 
 
 def tasks(pid: int) -> dict[str, tuple[int, int, str]]:

@@ -3,7 +3,7 @@
 
     sudo PYTHONPATH=daemon /usr/bin/python3 benchmarks/dkms_build.py [--runs N] [--kernel K] [--jobs J]
 
-ours : ``spark_memsaver.dkms.build(..., force=True)`` wall time = everything a user waits for
+ours : ``spark_memsaver.act.dkms.build(..., force=True)`` wall time = everything a user waits for
        (preflight incl. the patch dry run, render, dkms build of nvidia-uvm + conftest stub, signing,
        verification against the installed nvidia.ko).
 stock: ``dkms build`` wall time of Debian's own ``nvidia-current-open`` DKMS package for the same NVIDIA
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "daemon"))
 sys.path.insert(0, str(REPO))
 
-from spark_memsaver import dkms  # noqa: E402
+from spark_memsaver.act import dkms  # noqa: E402
 from spark_memsaver.config import Config  # noqa: E402
 from spark_memsaver.host import Host  # noqa: E402
 from tests.support import nvsrc, stockdriver  # noqa: E402

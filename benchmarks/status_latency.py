@@ -34,7 +34,7 @@ def main():
     sys.path.insert(0, str(REPO / "daemon"))
     from spark_memsaver.config import Config
     from spark_memsaver.host import Host
-    from spark_memsaver.report import status
+    from spark_memsaver.report.document import status
     inproc = []
     for _ in range(a.runs):
         t0 = time.perf_counter()

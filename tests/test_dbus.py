@@ -28,7 +28,7 @@ from tests.support import sparkroot
 from tests.support.privatebus import REPO, PrivateSystemBus, start_daemon, stop_process
 
 sys.path.insert(0, str(REPO / "daemon"))
-from spark_memsaver import names  # noqa: E402
+from spark_memsaver.service import names  # noqa: E402
 
 pytestmark = pytest.mark.dbus
 
@@ -278,7 +278,7 @@ def test_a_named_error_from_an_operation_travels_through_the_job_and_the_passwor
                                                                                                 tmp_path):
     # The real mok.request_enrollment on the fixture root: Secure Boot is off there, so it refuses with its
     # own named error before touching anything (and it never writes EFI variables under --root).
-    if not (REPO / "daemon/spark_memsaver/mok.py").exists():
+    if not (REPO / "daemon/spark_memsaver/act/mok.py").exists():
         pytest.skip("mok.py is not in this checkout yet")
     daemon.wait_idle()
     mon = Monitor(bus, tmp_path)
@@ -297,7 +297,7 @@ def test_a_named_error_from_an_operation_travels_through_the_job_and_the_passwor
     assert secret not in mon.text() and secret not in daemon.text()
     assert "Traceback" not in daemon.text()
     # Through the client the same failure is the named error again, with its code, remedy and exit code.
-    code = ("import json; from spark_memsaver import client\n"
+    code = ("import json; from spark_memsaver.cli import client\n"
             "try:\n    client.call_job('RequestEnrollment', 'pw-2', {})\n"
             "except Exception as e:\n"
             "    print(json.dumps([type(e).__name__, e.code, e.exit_code, e.remedy]))\n")
@@ -456,7 +456,7 @@ def test_long_job_reports_progress_refuses_a_second_one_and_finishes(slow_daemon
         assert re.search(r"'JobState': <'running'>", out) and re.search(r"'JobState': <'succeeded'>", out)
         slow_daemon.slow.unlink()
         # The CLI's call_job waits for JobFinished and relays progress.
-        code = ("import json,sys; from spark_memsaver import client; seen=[]; "
+        code = ("import json,sys; from spark_memsaver.cli import client; seen=[]; "
                 "job=client.call_job('Refresh', progress=lambda f,m: seen.append((f,m))); "
                 "print(json.dumps({'job': job, 'seen': seen}))")
         c = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60,
@@ -484,7 +484,7 @@ def test_sigterm_lets_a_running_job_finish_then_exits(slow_daemon, bus, tmp_path
 
 
 def test_client_without_a_daemon_says_so(tmp_path, monkeypatch):
-    from spark_memsaver import client
+    from spark_memsaver.cli import client
     from spark_memsaver.errors import UsageError
 
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus-here")
@@ -534,7 +534,7 @@ def test_sighup_reloads_config_bad_config_is_reported_and_sigterm_exits(bus, dae
         rc = d.stop()
         daemon.__init__(bus, spark, daemon.log)
     assert rc == 0
-    assert "INFO spark_memsaver.daemon: stopped" in d.text()
+    assert "INFO spark_memsaver.service.daemon: stopped" in d.text()
 
 
 def test_second_instance_refuses_to_start(daemon, bus, spark, tmp_path):
@@ -602,7 +602,7 @@ def test_module_uevents_come_from_kernel_netlink_and_other_subsystems_are_filter
 def test_module_event_handler_reacts_to_nvidia_modules_only(spark):
     from spark_memsaver.config import Config
     from spark_memsaver.host import Host
-    from spark_memsaver.monitor import Monitor as M
+    from spark_memsaver.service.monitor import Monitor as M
 
     class FakeDevice:   # stands in for pyudev Devices of a loaded nvidia.ko (cannot exist here)
         def __init__(self, name, action):
@@ -632,7 +632,7 @@ def test_module_event_handler_reacts_to_nvidia_modules_only(spark):
 
 
 def test_every_method_is_authorized_unless_marked_public():
-    from spark_memsaver import dbus_service as ds
+    from spark_memsaver.service import dbus_service as ds
 
     cls = ds.make_manager_class()
     public = {"GetStatus", "GetHistory", "GetJob"}
@@ -685,7 +685,7 @@ def test_names_and_shipped_files_agree():
 
 
 def test_unsupported_when_an_operation_module_is_absent(monkeypatch):
-    from spark_memsaver import daemon as dmod
+    from spark_memsaver.service import daemon as dmod
     from spark_memsaver.errors import Unsupported
 
     monkeypatch.setitem(dmod.OPERATIONS, "build", ("no_such_module_here", "build"))

@@ -5,9 +5,9 @@ import copy
 import pytest
 
 from spark_memsaver.config import Config
-from spark_memsaver.decide import STATES, evaluate
+from spark_memsaver.decide.status import STATES, evaluate
 from tests.support.sparkroot import stats_text
-from spark_memsaver.counters import parse_stats
+from spark_memsaver.observe.counters import parse_stats
 
 K = "6.14.0-1015-nvidia-64k"
 

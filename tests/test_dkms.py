@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver import dkms, signing, uvm_patch
+from spark_memsaver.act import dkms
+from spark_memsaver.act import signing
+from spark_memsaver.act import patch as uvm_patch
 from spark_memsaver.config import Config
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import Host

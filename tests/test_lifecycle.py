@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver import intents, lifecycle, observe
-from spark_memsaver import reconcile as rc
+from spark_memsaver.host import intents
+from spark_memsaver.act import lifecycle
+from spark_memsaver.observe import snapshot as observe
+from spark_memsaver.decide import plan as rc
 from spark_memsaver.config import Config
-from spark_memsaver.decide import evaluate
+from spark_memsaver.decide.status import evaluate
 from spark_memsaver.host import Host
 from tests.support import sparkroot
 
@@ -436,7 +438,7 @@ def test_corrupt_record_is_set_aside_not_trusted(tmp_path):
 
 def test_lock_serializes_processes(tmp_path):
     h = Host(tmp_path)
-    code = ("import sys,time; sys.path.insert(0,%r); from spark_memsaver import lifecycle; from spark_memsaver.host "
+    code = ("import sys,time; sys.path.insert(0,%r); from spark_memsaver.act import lifecycle; from spark_memsaver.host "
             "import Host\nwith lifecycle.locked(Host(%r)):\n    print('held', flush=True); time.sleep(3)"
             % (str(REPO / "daemon"), str(tmp_path)))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -64,7 +64,7 @@ def our_deb(out: Path) -> Path:
     shutil.copytree(REPO / "dkms", share / "dkms")
     shutil.copytree(REPO / "uvm_patch", share / "uvm_patch", ignore=shutil.ignore_patterns("build", "*.o"))
     (pkg / "usr/bin").mkdir(parents=True)
-    (pkg / "usr/bin/spark-memsaver").write_text("#!/usr/bin/python3\nfrom spark_memsaver.cli import main\nmain()\n")
+    (pkg / "usr/bin/spark-memsaver").write_text("#!/usr/bin/python3\nfrom spark_memsaver.cli.main import main\nmain()\n")
     os.chmod(pkg / "usr/bin/spark-memsaver", 0o755)
     deb_dir = pkg / "DEBIAN"
     deb_dir.mkdir()
@@ -200,7 +200,7 @@ def test_e2e_2_apt_upgrade_555_prehook_removes_before_unpack_then_rebuilds(box, 
     sel = box.selected()
     assert sel.get("spark_memsaver") == "uvm-pt-pack/1" and sel["version"].startswith("555.58.02"), r.stdout[-3000:]
     assert sel.get("signer")
-    v = box.c.run(["python3", "-c", f"import json; from spark_memsaver import dkms; from spark_memsaver.host import "
+    v = box.c.run(["python3", "-c", f"import json; from spark_memsaver.act import dkms; from spark_memsaver.host import "
                    f"Host; print(json.dumps(dkms.verify_installed(Host('/'), '{box.k}')))"], timeout=120)
     ver = json.loads(v.stdout)
     assert ver["ok"], ver["problems"]

@@ -1,4 +1,4 @@
-"""Secure Boot / MOK state from efivarfs, and guided enrollment (spark_memsaver.mok, spark_memsaver.efivars).
+"""Secure Boot / MOK state from efivarfs, and guided enrollment (spark_memsaver.act.mok, spark_memsaver.observe.efivars).
 
 What the fixtures stand in for: **EFI firmware**. This machine boots without EFI, so the variables the
 firmware and shim expose at runtime are written by these tests as byte-exact efivarfs files under a fixture
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver import efivars as ev
-from spark_memsaver import mok
+from spark_memsaver.observe import efivars as ev
+from spark_memsaver.act import mok
 from spark_memsaver.errors import SecureBootUnknown
 from spark_memsaver.host import Host
-from spark_memsaver.runner import Runner
+from spark_memsaver.host.runner import Runner
 
 pytestmark = pytest.mark.mok
 

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from spark_memsaver import observe
-from spark_memsaver.counters import CountersError, parse_stats
+from spark_memsaver.observe import snapshot as observe
+from spark_memsaver.observe.counters import CountersError, parse_stats
 from spark_memsaver.host import Host
 from tests.support import sparkroot
 

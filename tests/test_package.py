@@ -24,7 +24,7 @@ from tests.support import nspawn
 pytestmark = pytest.mark.package
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA = REPO / "daemon/spark_memsaver/status.schema.json"
+SCHEMA = REPO / "daemon/spark_memsaver/report/status.schema.json"
 BUS_NAME = (REPO / "systemd/BUSNAME").read_text().strip()
 OBJECT_PATH = "/" + BUS_NAME.replace(".", "/")
 DKMS_NAME = "spark-memsaver-uvm"
@@ -83,8 +83,8 @@ def test_deb_fields_and_contents(deb):
     assert "polkitd" in fields["Recommends"]
     files = set(_deb_files(deb))
     for want in ("/usr/bin/spark-memsaver", "/usr/bin/spark-memsaverd",
-                 "/usr/lib/python3/dist-packages/spark_memsaver/cli.py",
-                 "/usr/lib/python3/dist-packages/spark_memsaver/status.schema.json",
+                 "/usr/lib/python3/dist-packages/spark_memsaver/cli/main.py",
+                 "/usr/lib/python3/dist-packages/spark_memsaver/report/status.schema.json",
                  "/lib/systemd/system/spark-memsaverd.service",
                  "/usr/lib/tmpfiles.d/spark-memsaver.conf",
                  "/etc/spark-memsaver/config.yaml",
@@ -168,7 +168,7 @@ def test_bash_completion_is_clicks(deb, tmp_path):
     # bash completes "spark-memsaver mo<TAB>" to "mok" through the shipped function and the real CLI
     wrapper = tmp_path / "spark-memsaver"
     wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={REPO}/daemon exec /usr/bin/python3 -c "
-                       "'import sys; sys.argv[0] = \"spark-memsaver\"; from spark_memsaver.cli import main; main()'\n")
+                       "'import sys; sys.argv[0] = \"spark-memsaver\"; from spark_memsaver.cli.main import main; main()'\n")
     wrapper.chmod(0o755)
     r = subprocess.run(["bash", "-c", f'source "{comp}"; COMP_WORDS=(spark-memsaver mo); COMP_CWORD=1; '
                         f'_spark_memsaver_completion "{wrapper}"; echo "${{COMPREPLY[@]}}"'],

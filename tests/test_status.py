@@ -14,7 +14,7 @@ import pytest
 from tests.support import sparkroot
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA = json.loads((REPO / "daemon/spark_memsaver/status.schema.json").read_text())
+SCHEMA = json.loads((REPO / "daemon/spark_memsaver/report/status.schema.json").read_text())
 
 
 def cli(*args, env=None, input=None):

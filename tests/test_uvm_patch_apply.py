@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_memsaver import uvm_patch as up
-from spark_memsaver.runner import Result, Runner
+from spark_memsaver.act import patch as up
+from spark_memsaver.host.runner import Result, Runner
 from tests.support import nvsrc
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver import cuda as C
-from spark_memsaver import validate as V
+from spark_memsaver.validate import cuda as C
+from spark_memsaver.validate import command as V
 from spark_memsaver.host import Host
-from spark_memsaver.observe import observe_records, observe_uvm
+from spark_memsaver.observe.snapshot import observe_records, observe_uvm
 
 pytestmark = pytest.mark.validate
 
@@ -519,7 +519,7 @@ def run_cli(args, env_extra, module="spark_memsaver"):
 
 @pytest.mark.parametrize("module,lib,why", [
     ("spark_memsaver", "/nonexistent/libcuda.so.1", "cannot load /nonexistent/libcuda.so.1"),
-    ("spark_memsaver.validate", "/nonexistent/libcuda.so.1", "cannot load"),
+    ("spark_memsaver.validate.command", "/nonexistent/libcuda.so.1", "cannot load"),
     ("spark_memsaver", "libc.so.6", "does not export cuInit"),
 ])
 def test_no_libcuda_is_not_applicable_exit_4(tmp_path, module, lib, why):

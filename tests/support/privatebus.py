@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "daemon"))
 
-from spark_memsaver import names  # noqa: E402
+from spark_memsaver.service import names  # noqa: E402
 
 STOCK_SYSTEM_CONF = Path("/usr/share/dbus-1/system.conf")
 
@@ -125,7 +125,7 @@ def start_daemon(bus: PrivateSystemBus, *args: str, log_path: Path | None = None
     if env:
         e.update(env)
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    return subprocess.Popen(["/usr/bin/python3", "-m", "spark_memsaver.daemon", *args], env=e,
+    return subprocess.Popen(["/usr/bin/python3", "-m", "spark_memsaver.service.daemon", *args], env=e,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -24,8 +24,8 @@ import json
 import os
 import re
 
-from .host import Host
-from .fsutil import atomic_write, fsync_dir  # noqa: F401  (atomic_write is used by lifecycle)
+from spark_memsaver.host import Host
+from spark_memsaver.host.fsutil import atomic_write, fsync_dir  # noqa: F401  (atomic_write is used by lifecycle)
 
 STATE_DIR = "/var/lib/spark-memsaver"
 INTENTS = f"{STATE_DIR}/intents"

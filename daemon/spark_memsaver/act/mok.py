@@ -27,8 +27,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import efivars as ev
-from .errors import EXIT_PROBLEM, EXIT_USAGE, MemsaverError, NotPermitted, SecureBootUnknown, Unsupported, UsageError
+from spark_memsaver.observe import efivars as ev
+from spark_memsaver.errors import EXIT_PROBLEM, EXIT_USAGE, MemsaverError, NotPermitted, SecureBootUnknown, Unsupported, UsageError
 
 STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete", "blocked",
           "unknown")
@@ -612,7 +612,7 @@ def read_kernel(host, cert: ev.Certificate | None) -> dict:
 
 def _load_config(host):
     try:
-        from . import config as cfg
+        from spark_memsaver import config as cfg
         return cfg.load(None, root=str(host.root))
     except MemsaverError:
         return None
@@ -635,7 +635,7 @@ def write_request_record(host, cert_sha256: str) -> None:
 
     rec = {"cert_sha256": cert_sha256, "boot_id": (host.read_text(BOOT_ID) or "").strip() or None,
            "requested_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    from .fsutil import atomic_write
+    from spark_memsaver.host.fsutil import atomic_write
 
     try:
         atomic_write(host.path(REQUEST_RECORD), json.dumps(rec) + "\n", 0o644)

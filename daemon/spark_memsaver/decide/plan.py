@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from .config import Config
-from .errors import UsageError
-from .decide import kernel_in_policy
+from spark_memsaver.config import Config
+from spark_memsaver.errors import UsageError
+from spark_memsaver.decide.status import kernel_in_policy
 
 # Secure Boot states in which a module we sign will load (same as decide.SB_LOADABLE).
 SB_LOADABLE = ("not-needed", "enrolled")

@@ -31,8 +31,8 @@ import os
 import re
 import time
 
-from .errors import MemsaverError
-from .host import Host
+from spark_memsaver.errors import MemsaverError
+from spark_memsaver.host import Host
 
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_DIR = "/etc/dkms/framework.conf.d"
@@ -195,7 +195,7 @@ def _create_pair(host: Host, key: str, cert: str, distro: str) -> None:
 
 
 def _write_atomic(host: Host, path: str, text: str, mode: int = 0o644) -> None:
-    from .fsutil import atomic_write
+    from spark_memsaver.host.fsutil import atomic_write
 
     atomic_write(host.path(path), text, mode)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-from . import __version__
-from .config import Config
-from .decide import Verdict, evaluate
-from .host import Host
-from .observe import snapshot
+from spark_memsaver import __version__
+from spark_memsaver.config import Config
+from spark_memsaver.decide.status import Verdict, evaluate
+from spark_memsaver.host import Host
+from spark_memsaver.observe.snapshot import snapshot
 
 SCHEMA_VERSION = 1
 

@@ -24,12 +24,14 @@ import os
 import sys
 import time
 
-from . import intents, observe, reconcile as rc
-from .config import Config
-from .errors import EXIT_FAILED, Busy, MemsaverError, SafetyRefusal
-from .host import Host
+from spark_memsaver.host import intents
+from spark_memsaver.observe import snapshot as observe
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.config import Config
+from spark_memsaver.errors import EXIT_FAILED, Busy, MemsaverError, SafetyRefusal
+from spark_memsaver.host import Host
 
-log = logging.getLogger("spark_memsaver.lifecycle")
+log = logging.getLogger("spark_memsaver.act.lifecycle")
 
 LOCK = "/run/spark-memsaver/lifecycle.lock"
 STOCK_DIR = "/var/lib/spark-memsaver/stock"
@@ -105,7 +107,7 @@ def locked(host: Host, wait: float = 3600.0, progress=None):
 
 
 def _dkms():
-    from . import dkms  # the DKMS engineer's module; imported late so pure paths work without it
+    from spark_memsaver.act import dkms  # the DKMS engineer's module; imported late so pure paths work without it
     return dkms
 
 
@@ -113,7 +115,7 @@ def support_for(versions) -> dict:
     """Manifest verdict per driver version: {version: {"supported": bool, "reason": str}}."""
     out = {}
     try:
-        from . import uvm_patch
+        from spark_memsaver.act import patch as uvm_patch
         manifest = uvm_patch.load_manifest()
     except Exception as e:  # no manifest = nothing supported, with the reason
         return {v: {"supported": False, "reason": f"patch manifest unavailable: {e}"} for v in versions if v}
@@ -397,7 +399,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
 
 
 def rc_error_unknown_kernel(kernel: str) -> MemsaverError:
-    from .errors import UsageError
+    from spark_memsaver.errors import UsageError
     return UsageError(f"kernel {kernel} is not installed (no /lib/modules/{kernel})",
                       remedy="List kernels with 'spark-memsaver status'.")
 
@@ -550,7 +552,7 @@ def register(root) -> None:
     @click.pass_obj
     def rollback_cmd(obj, as_json, kernel, reason):
         """Return to the stock nvidia-uvm (verified) and record why; status then says rolled-back."""
-        from . import client
+        from spark_memsaver.cli import client
 
         doc = None if kernel else client.act_unprivileged(obj.host, "Rollback", reason=reason,
                                                           progress=None if as_json else progress)
@@ -570,7 +572,7 @@ def register(root) -> None:
     def activate_cmd(obj, as_json, dry_run):
         """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).
         Exit 0 active, 1 refused or deferred to next boot, 3 failed."""
-        from . import client
+        from spark_memsaver.cli import client
 
         doc = None if dry_run else client.act_unprivileged(obj.host, "Activate",
                                                            progress=None if as_json else progress)

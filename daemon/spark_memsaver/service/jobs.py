@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import names
-from .errors import Busy, MemsaverError
+from spark_memsaver.service import names
+from spark_memsaver.errors import Busy, MemsaverError
 
-log = logging.getLogger("spark_memsaver.jobs")
+log = logging.getLogger("spark_memsaver.service.jobs")
 
 RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
 KEEP_FINISHED = 32   # finished jobs kept for GetJob()

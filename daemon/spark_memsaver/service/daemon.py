@@ -23,20 +23,21 @@ import sys
 import threading
 import time
 
-from . import __version__, names
-from .errors import ConfigError, MemsaverError, Unsupported
+from spark_memsaver import __version__
+from spark_memsaver.service import names
+from spark_memsaver.errors import ConfigError, MemsaverError, Unsupported
 
-log = logging.getLogger("spark_memsaver.daemon")
+log = logging.getLogger("spark_memsaver.service.daemon")
 
 # D-Bus operation -> (module, function) provided by the other parts of the package, looked up when called.
 OPERATIONS = {
-    "build": ("dkms", "build"),
-    "install": ("dkms", "install"),
-    "remove": ("dkms", "remove"),
-    "activate": ("lifecycle", "activate"),
-    "rollback": ("lifecycle", "rollback"),
-    "request-enrollment": ("mok", "request_enrollment"),
-    "reconcile": ("lifecycle", "reconcile"),
+    "build": ("act.dkms", "build"),
+    "install": ("act.dkms", "install"),
+    "remove": ("act.dkms", "remove"),
+    "activate": ("act.lifecycle", "activate"),
+    "rollback": ("act.lifecycle", "rollback"),
+    "request-enrollment": ("act.mok", "request_enrollment"),
+    "reconcile": ("act.lifecycle", "reconcile"),
 }
 
 STOP_WAIT_S = 60   # on SIGTERM, how long a running job may take to finish before we exit anyway
@@ -45,7 +46,7 @@ STOP_WAIT_S = 60   # on SIGTERM, how long a running job may take to finish befor
 def resolve_operation(op: str):
     """The callable behind an operation, or Unsupported (named) when its module or function is absent."""
     modname, fname = OPERATIONS[op]
-    full = f"{__package__}.{modname}"
+    full = f"spark_memsaver.{modname}"
     try:
         mod = importlib.import_module(full)
     except ModuleNotFoundError as e:
@@ -64,7 +65,7 @@ def operation_available(op: str):
     """Cheap check on the main loop: the callable when its module is already imported, None when the module
     exists but is not imported yet (the worker imports it, so a slow import never blocks the loop), and
     Unsupported when the module is absent."""
-    full = f"{__package__}.{OPERATIONS[op][0]}"
+    full = f"spark_memsaver.{OPERATIONS[op][0]}"
     if full in sys.modules:
         return resolve_operation(op)
     if importlib.util.find_spec(full) is None:
@@ -101,7 +102,7 @@ class Daemon:
     """The core. Every method runs on the main loop unless its name says thread."""
 
     def __init__(self, root: str = "/", config_path: str | None = None, reconcile: bool = True):
-        from .host import Host
+        from spark_memsaver.host import Host
 
         self.root = root
         self.config_path = config_path
@@ -125,13 +126,13 @@ class Daemon:
         self._config_stamp = self._config_file_stamp()
         self.config = self._load_config(initial=True)
         self.props["Interval"] = self.config.interval
-        from .jobs import JobManager
+        from spark_memsaver.service.jobs import JobManager
         self.jobs = JobManager(self._on_job)
         self.monitor = None
 
     # --- config ------------------------------------------------------------------------------------
     def _load_config(self, initial: bool = False):
-        from . import config as cfg
+        from spark_memsaver import config as cfg
 
         try:
             return cfg.load(self.config_path, root=self.root)
@@ -142,7 +143,7 @@ class Daemon:
 
     def _config_file_stamp(self):
         """Identity of the config file as it is now (None when absent): one stat, no read."""
-        from . import config as cfg
+        from spark_memsaver import config as cfg
 
         path = self.config_path or os.environ.get(cfg.ENV_VAR) or cfg.DEFAULT_PATH
         if not (self.config_path or os.environ.get(cfg.ENV_VAR)) and self.root != "/":
@@ -205,7 +206,7 @@ class Daemon:
         self._refresh_thread.start()
 
     def _compute_status(self):
-        from .report import status
+        from spark_memsaver.report.document import status
 
         return status(self.host, self.config)
 
@@ -239,7 +240,7 @@ class Daemon:
         first = self.doc is None
         self.doc, self.doc_time = doc, time.time()
         mem, uvm = doc.get("memory") or {}, doc.get("uvm") or {}
-        from .monitor import packing_active
+        from spark_memsaver.service.monitor import packing_active
         self.set_props(
             State=str(doc.get("state") or "unknown"), Findings=_findings(doc),
             KernelRelease=str((doc.get("host") or {}).get("kernel") or ""),
@@ -254,7 +255,7 @@ class Daemon:
 
     def status_json(self) -> str:
         if self.doc is None:
-            from .errors import Busy
+            from spark_memsaver.errors import Busy
             raise Busy("spark-memsaverd is starting; the first status is not ready yet",
                        remedy="Retry in a moment, or run 'spark-memsaver status --direct'.")
         doc = copy.deepcopy(self.doc)
@@ -277,8 +278,8 @@ class Daemon:
     def job_json(self, job_id: int) -> str:
         job = self.jobs.get(int(job_id))
         if job is None:
-            from .dbus_service import NotFound
-            from .jobs import KEEP_FINISHED
+            from spark_memsaver.service.dbus_service import NotFound
+            from spark_memsaver.service.jobs import KEEP_FINISHED
             raise NotFound(f"no job {job_id} (the daemon keeps the last {KEEP_FINISHED} finished jobs)")
         return json.dumps(job.to_dict())
 
@@ -316,7 +317,7 @@ class Daemon:
 
     def _check_accepting(self) -> None:
         if self._stopping:
-            from .errors import Busy
+            from spark_memsaver.errors import Busy
             raise Busy("spark-memsaverd is stopping", remedy="Retry after it has restarted.")
 
     def start_operation(self, op: str, kwargs: dict, caller) -> int:
@@ -403,7 +404,7 @@ class Daemon:
         return True
 
     def _start_background(self) -> bool:
-        from .monitor import Monitor
+        from spark_memsaver.service.monitor import Monitor
 
         self.monitor = Monitor(self.host, self.config, on_sample=self.on_sample,
                                on_module_event=self.on_module_event, on_paths_changed=self.on_paths_changed,
@@ -418,7 +419,7 @@ class Daemon:
         import pydbus
         import signal
 
-        from . import dbus_service
+        from spark_memsaver.service import dbus_service
 
         logging.getLogger("pydbus.registration").setLevel(logging.CRITICAL)  # we log errors ourselves
         try:

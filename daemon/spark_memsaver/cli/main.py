@@ -14,18 +14,18 @@ import sys
 
 import click
 
-from . import __version__
-from .errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError
+from spark_memsaver import __version__
+from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError
 
 # Commands defined in their own modules (each module has register(group)); imported only when used, so
 # `status` does not pay for jinja2, pydbus or ctypes. Listed here so `--help` is complete.
 LAZY_COMMANDS = {
-    "patch": "uvm_patch",
-    "build": "dkms", "install": "dkms", "remove": "dkms",
-    "mok": "mok",
-    "activate": "lifecycle", "rollback": "lifecycle", "reconcile": "lifecycle",
-    "validate": "validate",
-    "history": "client",
+    "patch": "act.patch",
+    "build": "act.dkms", "install": "act.dkms", "remove": "act.dkms",
+    "mok": "act.mok",
+    "activate": "act.lifecycle", "rollback": "act.lifecycle", "reconcile": "act.lifecycle",
+    "validate": "validate.command",
+    "history": "cli.client",
 }
 
 
@@ -40,14 +40,14 @@ class Context:
     @property
     def config(self):
         if self._config is None:
-            from . import config as cfg
+            from spark_memsaver import config as cfg
             self._config = cfg.load(self.config_path, root=self.root)
         return self._config
 
     @property
     def host(self):
         if self._host is None:
-            from .host import Host
+            from spark_memsaver.host import Host
             self._host = Host(self.root)
         return self._host
 
@@ -73,12 +73,12 @@ class SafeGroup(click.Group):
     def list_commands(self, ctx):
         names = set(self.commands)
         if self is cli:
-            names |= {n for n, m in LAZY_COMMANDS.items() if importlib.util.find_spec(f"{__package__}.{m}")}
+            names |= {n for n, m in LAZY_COMMANDS.items() if importlib.util.find_spec(f"spark_memsaver.{m}")}
         return sorted(names)
 
     def get_command(self, ctx, name):
         if name not in self.commands and self is cli and name in LAZY_COMMANDS:
-            modname = f"{__package__}.{LAZY_COMMANDS[name]}"
+            modname = f"spark_memsaver.{LAZY_COMMANDS[name]}"
             if importlib.util.find_spec(modname) is not None:
                 mod = importlib.import_module(modname)
                 register = getattr(mod, "register", None)
@@ -145,18 +145,18 @@ def status(obj: Context, as_json: bool, direct: bool):
     doc = None
     if not direct and obj.root == "/":
         try:
-            from . import client
+            from spark_memsaver.cli import client
             doc = client.get_status()
         except ImportError:
             doc = None
     if doc is None:
-        from .report import status as run_status
+        from spark_memsaver.report.document import status as run_status
         doc, _ = run_status(obj.host, config)
         doc["source"] = "direct"
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
-        from .report import render_text
+        from spark_memsaver.report.document import render_text
         click.echo(render_text(doc))
         click.echo(f"\n(source: {'spark-memsaverd' if doc.get('source') == 'daemon' else 'direct inspection'})")
     problem = any(f["severity"] in ("warning", "error") for f in doc["findings"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .config import Config
+from spark_memsaver.config import Config
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")

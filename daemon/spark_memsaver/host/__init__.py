@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .runner import Runner
+from spark_memsaver.host.runner import Runner
 
 _MAX_LINKS = 40
 

@@ -22,7 +22,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
-from .errors import MemsaverError
+from spark_memsaver.errors import MemsaverError
 
 # --- GUIDs -----------------------------------------------------------------------------------------
 

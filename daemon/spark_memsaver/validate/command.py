@@ -4,7 +4,7 @@ What it does, in order:
 
 1. reads the packing counters (``/sys/module/nvidia_uvm/parameters/uvm_pt_pack_stats``), the driver and
    kernel identity, and marks the kernel log (``/dev/kmsg``, else ``dmesg``);
-2. starts a worker process (``python3 -m spark_memsaver.validate --worker``) that drives the CUDA driver API
+2. starts a worker process (``python3 -m spark_memsaver.validate.command --worker``) that drives the CUDA driver API
    through ctypes (``cuda.py``): primary context, managed (``cuMemAllocManaged``) and device (``cuMemAlloc``)
    allocations of varied sizes from several threads, page-unique patterns written with ``cuMemcpyHtoD`` or from
    the host, ``cuMemsetD8``/``cuMemsetD32``, managed memory prefetched to the GPU and back, holes freed and
@@ -29,7 +29,7 @@ Exit codes (also in docs/validate.md):
   4  not applicable: no libcuda.so.1, no CUDA device, or managed memory unsupported
 
 Runs with the standard library alone (psutil is used when present); click is imported only by ``register``.
-``python3 -m spark_memsaver.validate [--max-gib N] [--duration S] [--threads T] [--json] [--report PATH]``
+``python3 -m spark_memsaver.validate.command [--max-gib N] [--duration S] [--threads T] [--json] [--report PATH]``
 is the same command for a node without click.
 """
 
@@ -51,8 +51,8 @@ import sys
 import threading
 import time
 
-from . import __version__
-from .errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, UsageError
+from spark_memsaver import __version__
+from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, UsageError
 
 KIB, MIB, GIB = 1024, 1024 ** 2, 1024 ** 3
 
@@ -438,7 +438,7 @@ class _Thread(threading.Thread):
         if isinstance(e, _Mismatch):
             area = "holes" if phase == "holes" else ("managed" if "managed" in str(e) else "device")
         else:
-            from .cuda import CudaError
+            from spark_memsaver.validate.cuda import CudaError
             if isinstance(e, CudaError) and "Prefetch" in e.call:
                 area = "prefetch"
             elif isinstance(e, CudaError):
@@ -462,7 +462,7 @@ class _Worker:
         self.go = threading.Event()
 
     def run(self) -> None:
-        from .cuda import CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, ATTR_CONCURRENT_MANAGED_ACCESS, ATTR_INTEGRATED, \
+        from spark_memsaver.validate.cuda import CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, ATTR_CONCURRENT_MANAGED_ACCESS, ATTR_INTEGRATED, \
             ATTR_MANAGED_MEMORY, ATTR_PAGEABLE_MEMORY_ACCESS, Cuda, CudaError, CudaUnavailable
         t0 = time.monotonic()
         timings = {}
@@ -1055,7 +1055,7 @@ def render_summary(rep: dict) -> str:
 
 def save_report(rep: dict, path: str) -> None:
     """Write atomically: a temporary file beside it, fsync, rename, fsync the directory."""
-    from .fsutil import atomic_write
+    from spark_memsaver.host.fsutil import atomic_write
 
     atomic_write(path, json.dumps(rep, indent=2) + "\n", 0o644)
 
@@ -1063,11 +1063,11 @@ def save_report(rep: dict, path: str) -> None:
 # --- orchestration --------------------------------------------------------------------------------------
 
 def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def worker_argv(params: dict) -> list[str]:
-    return [sys.executable, "-m", "spark_memsaver.validate", "--worker", json.dumps(params)]
+    return [sys.executable, "-m", "spark_memsaver.validate.command", "--worker", json.dumps(params)]
 
 
 def run_worker(argv: list[str], timeout: float, on_peak) -> dict:
@@ -1131,7 +1131,7 @@ def run_worker(argv: list[str], timeout: float, on_peak) -> dict:
 
 
 def identity(host) -> dict:
-    from .observe import observe_driver, observe_host
+    from spark_memsaver.observe.snapshot import observe_driver, observe_host
     h = observe_host(host)
     drv = observe_driver(host)
     u = os.uname()
@@ -1141,7 +1141,7 @@ def identity(host) -> dict:
 
 
 def _uvm(host) -> dict:
-    from .observe import observe_uvm
+    from spark_memsaver.observe.snapshot import observe_uvm
     return observe_uvm(host)
 
 
@@ -1150,7 +1150,7 @@ def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout
     started = time.time()
     t0 = time.monotonic()
     ident = identity(host)
-    from .observe import uvm_holders
+    from spark_memsaver.observe.snapshot import uvm_holders
     others = [h for h in uvm_holders(host) if h["pid"] != os.getpid()]
     readings = {"before": _uvm(host), "peak": None, "after": None}
     klog = KernelLog(host)
@@ -1330,7 +1330,7 @@ def register(cli) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m spark_memsaver.validate``: the same command with argparse, for nodes without click."""
+    """``python3 -m spark_memsaver.validate.command``: the same command with argparse, for nodes without click."""
     import argparse
 
     argv = sys.argv[1:] if argv is None else argv
@@ -1347,7 +1347,7 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code else 0
-    from .host import Host
+    from spark_memsaver.host import Host
     try:
         rep = validate(Host("/"), a.max_gib, a.duration, a.threads, a.report)
     except MemsaverError as e:

@@ -17,9 +17,10 @@ import json
 import logging
 import os
 
-from . import errors, names
+from spark_memsaver import errors
+from spark_memsaver.service import names
 
-log = logging.getLogger("spark_memsaver.client")
+log = logging.getLogger("spark_memsaver.cli.client")
 
 SYSTEM_SOCKET = "/run/dbus/system_bus_socket"
 # Input signatures of the job methods (RequestEnrollment also takes the password first).

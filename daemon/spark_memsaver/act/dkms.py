@@ -47,12 +47,12 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from . import signing as sig
-from .errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, NotPermitted, SecureBootUnknown
-from .host import Host
+from spark_memsaver import __version__
+from spark_memsaver.act import signing as sig
+from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, NotPermitted, SecureBootUnknown
+from spark_memsaver.host import Host
 
-log = logging.getLogger("spark_memsaver.dkms")
+log = logging.getLogger("spark_memsaver.act.dkms")
 
 PACKAGE = "spark-memsaver-uvm"
 MODULE = "nvidia-uvm"
@@ -225,7 +225,7 @@ def data_dir() -> Path:
     """dkms/ (templates, kotool, depmod.d, force file): $SPARK_MEMSAVER_DKMS_DIR, the checkout, or the
     installed copy under /usr/share/spark-memsaver/dkms."""
     env = os.environ.get("SPARK_MEMSAVER_DKMS_DIR")
-    cands = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[2] / "dkms",
+    cands = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[3] / "dkms",
                                              Path("/usr/share/spark-memsaver/dkms")]
     for c in cands:
         if (c / "templates" / "dkms.conf.j2").is_file():
@@ -283,7 +283,7 @@ def _scaled(progress, lo: float, hi: float):
 # Observation (through the host)
 
 def running_kernel(host: Host) -> str:
-    from .observe import observe_host
+    from spark_memsaver.observe.snapshot import observe_host
     k = observe_host(host)["kernel"]
     if not k:
         raise HeadersMissing("cannot tell the running kernel; pass --kernel")
@@ -319,7 +319,7 @@ def _modinfo_path(host: Host, kernel: str, name: str) -> str | None:
 
 def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | None:
     """The file module loading selects for `name` on `kernel` (modinfo -k K), with its modinfo."""
-    from .observe import parse_modinfo
+    from spark_memsaver.observe.snapshot import parse_modinfo
     argv = ["modinfo", "-k", kernel, name]
     if not host.is_live:
         argv[1:1] = ["-b", str(host.root)]
@@ -340,7 +340,7 @@ def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | 
 
 
 def kernel_config(host: Host, kernel: str) -> dict:
-    from .observe import kernel_config as kc
+    from spark_memsaver.observe.snapshot import kernel_config as kc
     return kc(host, kernel)
 
 
@@ -362,7 +362,7 @@ def source_candidates(driver: str) -> list[str]:
 
 
 def find_driver_source(host: Host, driver: str) -> str:
-    from . import uvm_patch
+    from spark_memsaver.act import patch as uvm_patch
     found = [c for c in source_candidates(driver) if host.path(c).is_dir()]
     if not found:
         raise DriverSourceMissing(f"the NVIDIA {driver} open kernel-module source is not installed "
@@ -564,13 +564,13 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
     Atomic (temp dir + rename); unchanged content is left alone. Returns {"version", "path", "changed"}."""
     import jinja2
 
-    from . import uvm_patch
+    from spark_memsaver.act import patch as uvm_patch
 
     ver = dkms_version_string(driver)
     dest = f"{SRC_ROOT}/{PACKAGE}-{ver}"
     d = data_dir()
     manifest = uvm_patch.load_manifest()
-    pyroot = str(Path(__file__).resolve().parents[1])
+    pyroot = str(Path(__file__).resolve().parents[2])
     values = {
         "package": PACKAGE, "dkms_version": ver, "driver_version": driver, "our_version": __version__,
         "nvidia_source": nvidia_source, "kernels_policy": config.kernels,
@@ -657,7 +657,7 @@ def _forget_registration(host: Host, ver: str) -> None:
 
 def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> dict:
     """Every check that can refuse before anything is written or compiled."""
-    from . import uvm_patch
+    from spark_memsaver.act import patch as uvm_patch
     if not host.exists(f"/lib/modules/{kernel}/build/Makefile"):
         raise HeadersMissing(f"kernel headers for {kernel} are not installed (/lib/modules/{kernel}/build)",
                              kernel=kernel)
@@ -934,7 +934,7 @@ def verify_installed(host: Host, kernel: str) -> dict:
 
 
 def _target_kernels(host: Host, config, kernel: str | None, all_kernels: bool, for_remove: bool) -> tuple[list, list]:
-    from .observe import installed_kernels
+    from spark_memsaver.observe.snapshot import installed_kernels
     if kernel and all_kernels:
         raise MemsaverError("give --kernel or --all, not both", remedy="Pick one.")
     if kernel:
@@ -1022,7 +1022,7 @@ def _install_one(host: Host, config, kernel: str, progress) -> dict:
 
 
 def _secure_boot(host: Host) -> dict:
-    from .observe import observe_secure_boot
+    from spark_memsaver.observe.snapshot import observe_secure_boot
     try:
         return observe_secure_boot(host)
     except Exception as e:
@@ -1186,7 +1186,7 @@ class _Line:
 
 
 def _run_cli(obj, fn, as_json: bool, **kw):
-    from . import client
+    from spark_memsaver.cli import client
 
     line = _Line(not as_json)
     try:

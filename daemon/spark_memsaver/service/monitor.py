@@ -16,10 +16,10 @@ import os
 import time
 from typing import Callable
 
-from . import observe
-from .host import Host
+from spark_memsaver.observe import snapshot as observe
+from spark_memsaver.host import Host
 
-log = logging.getLogger("spark_memsaver.monitor")
+log = logging.getLogger("spark_memsaver.service.monitor")
 
 # Kernel modules whose load/unload matters (uevent DEVPATH=/module/<name>, sys_name = module name).
 WATCHED_MODULES = ("nvidia", "nvidia_uvm")
@@ -114,7 +114,7 @@ def prometheus_text(sample: dict, state: str, version: str) -> str:
 def write_atomic(path: str, text: str) -> None:
     """Write beside the target, then rename over it: node_exporter never reads a half-written file.
     Not fsynced: the file is rewritten every interval."""
-    from .fsutil import atomic_write
+    from spark_memsaver.host.fsutil import atomic_write
 
     atomic_write(path, text, 0o644, durable=False)
 

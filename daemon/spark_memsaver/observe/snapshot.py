@@ -10,10 +10,10 @@ import os
 import re
 import time
 
-from .counters import CountersError, parse_stats
-from .host import Host
+from spark_memsaver.observe.counters import CountersError, parse_stats
+from spark_memsaver.host import Host
 
-log = logging.getLogger("spark_memsaver.observe")
+log = logging.getLogger("spark_memsaver.observe.snapshot")
 
 EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 OUR_TAG = "spark_memsaver"          # modinfo field carried by our patched module
@@ -268,7 +268,7 @@ def observe_dkms(host: Host) -> dict:
 
 def observe_secure_boot(host: Host) -> dict:
     try:
-        from . import mok  # the full reading, when present
+        from spark_memsaver.act import mok  # the full reading, when present
         return mok.observe(host)
     except ImportError:
         pass
@@ -343,7 +343,7 @@ def snapshot(host: Host) -> dict:
     t0 = time.monotonic()
     h = observe_host(host)
     if h["kernel"] is None:
-        from .errors import InspectionError
+        from spark_memsaver.errors import InspectionError
         raise InspectionError(f"{host.root}: no kernel release found at proc/sys/kernel/osrelease",
                               remedy="Point --root at a system root with /proc and /sys mounted.")
     kernels = observe_kernels(host, h["arch"])

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import re
 
-from . import names
-from .errors import MemsaverError, NotPermitted, UsageError
+from spark_memsaver.service import names
+from spark_memsaver.errors import MemsaverError, NotPermitted, UsageError
 
 log = logging.getLogger("spark_memsaver.dbus")
 

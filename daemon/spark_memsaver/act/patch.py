@@ -43,8 +43,8 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_USAGE, MemsaverError
-from .runner import Runner
+from spark_memsaver.errors import EXIT_USAGE, MemsaverError
+from spark_memsaver.host.runner import Runner
 
 MARKER = "spark-memsaver-uvm-patch.json"
 POOL_DEST = "nvidia-uvm"
@@ -104,7 +104,7 @@ def patch_data_dir() -> Path:
     the installed copy under /usr/share/spark-memsaver/uvm_patch."""
     env = os.environ.get("SPARK_MEMSAVER_UVM_PATCH_DIR")
     candidates = [Path(env)] if env else []
-    candidates += [Path(__file__).resolve().parents[2] / "uvm_patch", Path("/usr/share/spark-memsaver/uvm_patch")]
+    candidates += [Path(__file__).resolve().parents[3] / "uvm_patch", Path("/usr/share/spark-memsaver/uvm_patch")]
     for c in candidates:
         if (c / "manifest.yaml").is_file():
             return c

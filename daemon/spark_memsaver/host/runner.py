@@ -9,7 +9,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from .errors import CommandFailed, CommandNotFound, CommandTimedOut
+from spark_memsaver.errors import CommandFailed, CommandNotFound, CommandTimedOut
 
 log = logging.getLogger("spark_memsaver.run")
 
