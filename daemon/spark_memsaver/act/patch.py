@@ -41,7 +41,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 from spark_memsaver.host.runner import Runner
@@ -396,75 +395,3 @@ def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested
         shutil.rmtree(tmp, ignore_errors=True)
     marker["dest"] = str(dest)
     return marker
-
-
-# ----------------------------------------------------------------------------------------------
-# CLI
-
-def register(root_group) -> None:
-    """Called by cli.py: adds the `patch` group."""
-    root_group.add_command(patch_group)
-
-
-@click.group("patch")
-def patch_group():
-    """Prepare patched NVIDIA sources (page-table packing hooks)."""
-
-
-def _print(doc: dict, as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        for line in lines:
-            click.echo(line)
-
-
-@patch_group.command("apply")
-@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="NVIDIA open kernel-module tree (/usr/src layout = upstream kernel-open/).")
-@click.option("--dest", "dest", required=True, type=click.Path(path_type=Path),
-              help="New directory to receive the patched copy (must not exist).")
-@click.option("--tier-default", type=click.IntRange(0, 2), default=None,
-              help="Build-time default of uvm_pt_pack: 0 off, 1 4 KiB slots, 2 256 B tier (opt-in).")
-@click.option("--allow-untested", is_flag=True,
-              help="Apply the nearest branch's patch to a version the manifest does not list, if clean.")
-@click.option("--slim", is_flag=True, help="Leave out NVIDIA's prebuilt *.o_binary blobs (not used by nvidia-uvm).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def apply_cmd(source, dest, tier_default, allow_untested, slim, as_json):
-    """Copy SOURCE to DEST, add the pool, apply the driver branch's patch with zero fuzz."""
-    m = apply_patch(source, dest, tier_default, allow_untested=allow_untested, slim=slim)
-    lines = [f"patched NVIDIA {m['version']} ({m['branch']}, {m['qualification']}) into {m['dest']}"]
-    if m["qualification"] == "untested":
-        lines.append("warning: this patch is UNTESTED for this driver version")
-    _print(m, as_json, lines)
-    return 0
-
-
-@patch_group.command("check")
-@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--allow-untested", is_flag=True)
-@click.option("--json", "as_json", is_flag=True)
-def check_cmd(source, allow_untested, as_json):
-    """Dry run: read the version, select the patch and check it applies with zero fuzz (writes nothing)."""
-    r = check_source(source, allow_untested=allow_untested)
-    r.pop("_selection", None)
-    _print(r, as_json, [f"NVIDIA {r['version']}: {r['branch']} patch ({r['match']} match, "
-                        f"{r['qualification']}) applies cleanly"])
-    return 0
-
-
-@patch_group.command("list")
-@click.option("--json", "as_json", is_flag=True)
-def list_cmd(as_json):
-    """Driver versions the manifest knows, with their branch and qualification."""
-    m = load_manifest()
-    rows = []
-    for e in m.entries:
-        what = ", ".join(e.versions) if e.versions else f">={e.range_min or '0'} <{e.range_below or 'inf'}"
-        rows.append({"versions": e.versions, "range": [e.range_min, e.range_below] if not e.versions else None,
-                     "branch": e.branch, "qualification": e.qualification, "verified_on": e.verified_on,
-                     "_what": what})
-    _print({"drivers": [{k: v for k, v in r.items() if k != "_what"} for r in rows]}, as_json,
-           [f"{r['_what']:<40} {r['branch']:<6} {r['qualification']}"
-            + (f" ({'; '.join(r['verified_on'])})" if r["verified_on"] else "") for r in rows])
-    return 0

@@ -271,29 +271,6 @@ def maybe_call_job(method: str, *args, progress=None, **options) -> dict | None:
         return None
 
 
-def register(cli) -> None:
-    import click
-
-    @cli.command()
-    @click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON.")
-    def history(as_json: bool):
-        """Show the daemon's monitoring samples (memory and page-table backing over time)."""
-        samples = get_history()
-        if as_json:
-            click.echo(json.dumps(samples, indent=2))
-            return 0
-        import time as _t
-
-        def mib(v):
-            return f"{v / 1048576:10.1f}" if isinstance(v, (int, float)) else f"{'n/a':>10}"
-        click.echo(f"{'time':<20} {'available MiB':>13} {'backing MiB':>11} {'saved MiB':>10}  reason")
-        for s in samples:
-            t = _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(s.get("time", 0)))
-            click.echo(f"{t:<20} {mib(s.get('mem_available')):>13} {mib(s.get('backing_bytes')):>11} "
-                       f"{mib(s.get('saved_bytes')):>10}  {s.get('reason', '')}")
-        return 0
-
-
 def act_unprivileged(host, method: str, progress=None, **options) -> dict | None:
     """For a mutating CLI command run by a non-root user on the live system: do it through spark-memsaverd
     (where polkit decides) and return the operation's result; None when the caller is root, inspects

@@ -6,8 +6,6 @@ inspection impossible; 3 the operation failed midway; 4 not applicable (validate
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import logging
 import sys
@@ -16,18 +14,6 @@ import click
 
 from spark_memsaver import __version__
 from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError
-
-# Commands defined in their own modules (each module has register(group)); imported only when used, so
-# `status` does not pay for jinja2, pydbus or ctypes. Listed here so `--help` is complete.
-LAZY_COMMANDS = {
-    "patch": "act.patch",
-    "build": "act.dkms", "install": "act.dkms", "remove": "act.dkms",
-    "mok": "act.mok",
-    "activate": "act.lifecycle", "rollback": "act.lifecycle", "reconcile": "act.lifecycle",
-    "validate": "validate.command",
-    "history": "cli.client",
-}
-
 
 class Context:
     def __init__(self, root: str, config_path: str | None, debug: bool):
@@ -66,25 +52,7 @@ def emit_error(err: MemsaverError) -> None:
 
 
 class SafeGroup(click.Group):
-    """Named errors become messages and exit codes; nothing reaches the user as a traceback.
-
-    Sub-commands listed in LAZY_COMMANDS are loaded from their modules on first use."""
-
-    def list_commands(self, ctx):
-        names = set(self.commands)
-        if self is cli:
-            names |= {n for n, m in LAZY_COMMANDS.items() if importlib.util.find_spec(f"spark_memsaver.{m}")}
-        return sorted(names)
-
-    def get_command(self, ctx, name):
-        if name not in self.commands and self is cli and name in LAZY_COMMANDS:
-            modname = f"spark_memsaver.{LAZY_COMMANDS[name]}"
-            if importlib.util.find_spec(modname) is not None:
-                mod = importlib.import_module(modname)
-                register = getattr(mod, "register", None)
-                if register is not None:
-                    register(self)
-        return self.commands.get(name)
+    """Named errors become messages and exit codes; nothing reaches the user as a traceback."""
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
@@ -179,6 +147,15 @@ def config_show(obj: Context, as_json: bool):
     else:
         for k, v in d.items():
             click.echo(f"{k + ':':<22}{v}")
+
+
+# The other commands live in their own modules of this package, each adding itself with register(group).
+# Registered statically; heavy imports (jinja2, pydbus, ctypes) happen inside the commands that need them.
+from spark_memsaver.cli import build as _build, history as _history, lifecycle as _lifecycle  # noqa: E402
+from spark_memsaver.cli import mok as _mok, patch as _patch, validate as _validate  # noqa: E402
+
+for _m in (_patch, _build, _mok, _lifecycle, _validate, _history):
+    _m.register(cli)
 
 
 def main() -> None:

@@ -1303,32 +1303,6 @@ def _print(rep: dict, as_json: bool, echo) -> int:
     return rep["exit_code"]
 
 
-# --- CLI ---------------------------------------------------------------------------------------------
-
-def register(cli) -> None:
-    import click
-
-    @cli.command("validate")
-    @click.option("--max-gib", type=float, default=DEFAULT_MAX_GIB, show_default=True,
-                  help=f"Most memory to allocate, GiB ({MAX_GIB_RANGE[0]:g}-{MAX_GIB_RANGE[1]:g}); never more than "
-                       f"{HEADROOM_FRACTION:.0%} of what is free.")
-    @click.option("--duration", type=float, default=DEFAULT_DURATION, show_default=True,
-                  help="Seconds of allocation rounds before the peak (1-3600).")
-    @click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="Worker threads (1-64).")
-    @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
-    @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
-                  help="Also write the JSON report to this file.")
-    @click.pass_obj
-    def validate_cmd(obj, max_gib, duration, threads, as_json, report_path):
-        """Qualify this node's nvidia-uvm with real GPU work (CUDA driver API) and keep the evidence.
-
-        Exit status: 0 passed, 1 failed, 2 bad usage or refused (too little free memory),
-        4 not applicable (no libcuda / no GPU).
-        """
-        rep = validate(obj.host, max_gib, duration, threads, report_path)
-        return _print(rep, as_json, click.echo)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m spark_memsaver.validate.command``: the same command with argparse, for nodes without click."""
     import argparse

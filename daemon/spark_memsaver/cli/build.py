@@ -1,0 +1,112 @@
+"""CLI: build, install and remove (click commands only; the work is done in spark_memsaver.act.dkms)."""
+
+from __future__ import annotations
+
+import click
+import json
+import sys
+from spark_memsaver.act.dkms import (PACKAGE, build, install, remove)
+
+
+class _Line:
+    """A live progress line on stderr (a TTY gets \\r updates; otherwise one line per message change)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.last = ""
+
+    def __call__(self, fraction: float, message: str) -> None:
+        if not self.enabled:
+            return
+        text = f"[{int(fraction * 100):3d}%] {message}"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
+        elif message != self.last:
+            sys.stderr.write(text + "\n")
+        self.last = message
+
+    def done(self) -> None:
+        if self.enabled and self.tty and self.last:
+            sys.stderr.write("\n")
+
+
+def _run_cli(obj, fn, as_json: bool, **kw):
+    from spark_memsaver.cli import client
+
+    line = _Line(not as_json)
+    try:
+        method = {build: "Build", install: "Install", remove: "Remove"}[fn]
+        remote = {k: v for k, v in kw.items() if k != "force" and v not in (None, False)}
+        doc = client.act_unprivileged(obj.host, method, progress=line, **remote) if not kw.get("force") else None
+        if doc is None:
+            doc = fn(obj.host, obj.config, progress=line, **kw)
+    finally:
+        line.done()
+    return doc
+
+
+def register(cli) -> None:
+    """Add `build`, `install` and `remove` to the root group."""
+
+    @cli.command("build")
+    @click.option("--kernel", "kernel", default=None, help="Kernel release [default: the running kernel].")
+    @click.option("--driver", "driver", default=None, help="Expected NVIDIA driver version (must match nvidia.ko).")
+    @click.option("--force", is_flag=True, help="Rebuild even when an identical build is installed.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+    @click.pass_obj
+    def build_cmd(obj, kernel, driver, force, as_json):
+        """Build the patched nvidia-uvm with DKMS for a kernel (signs it; does not install)."""
+        doc = _run_cli(obj, build, as_json, kernel=kernel, driver_version=driver, force=force)
+        if as_json:
+            click.echo(json.dumps(doc, indent=2, default=str))
+        else:
+            click.echo(f"{doc['status']}: {PACKAGE}/{doc['dkms_version']} for {doc['kernel']} "
+                       f"(NVIDIA {doc['driver']}) -> {doc.get('module')}")
+            s = doc.get("signing", {})
+            click.echo(f"signed by: {s.get('subject')} ({s.get('cert')})" if s.get("applies")
+                       else f"not signed: {s.get('reason')}")
+            if s.get("changes_global_signing"):
+                click.echo(f"note: DKMS now signs ALL modules with {s.get('key')} (was {s.get('replaces')})")
+            if doc.get("log"):
+                click.echo(f"log: {doc['log']}")
+        return 0
+
+    def _kernels_opts(f):
+        f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
+        f = click.option("--all", "all_kernels", is_flag=True, help="Every installed kernel.")(f)
+        f = click.option("--kernel", "kernel", default=None, help="Kernel release [default: the running kernel].")(f)
+        return f
+
+    @cli.command("install")
+    @_kernels_opts
+    @click.pass_obj
+    def install_cmd(obj, kernel, all_kernels, as_json):
+        """Build if needed and install the override; verify it is the selected nvidia-uvm."""
+        doc = _run_cli(obj, install, as_json, kernel=kernel, all_kernels=all_kernels)
+        if as_json:
+            click.echo(json.dumps(doc, indent=2, default=str))
+        else:
+            for r in doc["installed"]:
+                click.echo(f"installed: {r['selected']} for {r['kernel']} (NVIDIA {r['driver']}, "
+                           f"{PACKAGE}/{r['dkms_version']}); initramfs: {r['initramfs']}")
+            for s in doc["skipped"]:
+                click.echo(f"skipped: {s['kernel']}: {s['reason']}")
+        return 0
+
+    @cli.command("remove")
+    @_kernels_opts
+    @click.pass_obj
+    def remove_cmd(obj, kernel, all_kernels, as_json):
+        """Remove the override; restore and verify the stock nvidia-uvm."""
+        doc = _run_cli(obj, remove, as_json, kernel=kernel, all_kernels=all_kernels)
+        if as_json:
+            click.echo(json.dumps(doc, indent=2, default=str))
+        else:
+            for r in doc["restored"]:
+                click.echo(f"stock selected for {r['kernel']}: {r['selected']}"
+                           + (f" ({'; '.join(r['actions'])})" if r["actions"] else ""))
+            if not doc["restored"]:
+                click.echo("nothing was installed")
+        return 0

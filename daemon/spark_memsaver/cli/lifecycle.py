@@ -1,0 +1,123 @@
+"""CLI: activate, rollback and reconcile (click commands only; the work is done in spark_memsaver.act.lifecycle)."""
+
+from __future__ import annotations
+
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.errors import EXIT_FAILED
+from spark_memsaver.errors import MemsaverError
+from spark_memsaver.host import intents
+import json
+import os
+import sys
+from spark_memsaver.act.lifecycle import (activate, apt_pre_install, reconcile, rollback)
+
+
+def _emit(doc: dict, as_json: bool, lines: list[str]) -> None:
+    import click
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        for ln in lines:
+            click.echo(ln)
+
+
+def _step_lines(steps: list[dict]) -> list[str]:
+    out = []
+    for s in steps:
+        mark = "" if s.get("ok", True) else "  FAILED: " + (s.get("error") or {}).get("message", "")
+        out.append(f"  {s['action']:<16} {s.get('kernel') or '':<28} {s.get('reason', '')}{mark}")
+    return out
+
+
+def register(root) -> None:
+    import click
+
+    def progress(*args):
+        for a in args:
+            if isinstance(a, str):
+                click.echo(a, err=True)
+
+    @root.command("reconcile")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+    @click.option("--kernel", "kernels", multiple=True, help="Only this kernel release (repeatable).")
+    @click.option("--no-rebuild", is_flag=True, help="Only the safety steps (removals, records).")
+    @click.option("--apt-pre-install", "apt_pre", is_flag=True, hidden=True,
+                  help="APT DPkg::Pre-Install-Pkgs door: read the v3 package list from $APT_HOOK_INFO_FD/stdin.")
+    @click.option("--hook", "hook", default=None, hidden=True,
+                  help="Called by a package-manager door (apt-post-invoke, dpkg-trigger, kernel-postinst): "
+                       "never fails the caller.")
+    @click.pass_obj
+    def reconcile_cmd(obj, as_json, dry_run, kernels, no_rebuild, apt_pre, hook):
+        """Make every kernel safe: remove overrides built for another driver, finish or undo interrupted
+        operations, rebuild where the driver is supported. Exit 0 done, 3 a step failed."""
+        say = None if as_json else progress
+        if apt_pre:
+            fd = int(os.environ.get("APT_HOOK_INFO_FD", "0") or 0)
+            text = os.fdopen(os.dup(fd), errors="replace").read() if fd else sys.stdin.read()
+            try:
+                doc = apt_pre_install(obj.host, obj.config, text, say)
+            except MemsaverError as e:  # never abort APT: the post step, the daemon and the guard follow
+                doc = {"ok": False, "error": e.to_dict(), "steps": []}
+                click.echo(f"spark-memsaver: pre-install check failed: {e.message}", err=True)
+            _emit(doc, as_json, [f"spark-memsaver: {s['kernel']}: override removed before unpack ({s['reason']})"
+                                 for s in doc["steps"] if s.get("ok")])
+            return 0
+        if hook:
+            try:
+                doc = reconcile(obj.host, obj.config, say, inside_dpkg=True)
+            except MemsaverError as e:
+                doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
+                click.echo(f"spark-memsaver ({hook}): {e.message}", err=True)
+            intents.append_history(obj.host, {"event": "hook", "source": hook, "time": intents.now(),
+                                              "acting": doc.get("acting"), "ok": doc.get("ok")})
+            shown = [x for x in doc["steps"] if x["action"] in rc.ACTING or x["action"] == "stay-stock"]
+            _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + _step_lines(shown)) if shown else [])
+            return 0
+        doc = reconcile(obj.host, obj.config, say, kernels=list(kernels) or None,
+                        rebuild=False if no_rebuild else None, dry_run=dry_run)
+        _emit(doc, as_json, (["plan (dry run):"] if dry_run else ["reconcile:"]) + _step_lines(doc["steps"])
+              + ([] if doc["steps"] else ["  nothing to do"]))
+        return 0 if doc.get("ok", True) else EXIT_FAILED
+
+    @root.command("rollback")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--kernel", default=None, help="Only this kernel release.")
+    @click.option("--reason", default="requested by the administrator", show_default=True)
+    @click.pass_obj
+    def rollback_cmd(obj, as_json, kernel, reason):
+        """Return to the stock nvidia-uvm (verified) and record why; status then says rolled-back."""
+        from spark_memsaver.cli import client
+
+        doc = None if kernel else client.act_unprivileged(obj.host, "Rollback", reason=reason,
+                                                          progress=None if as_json else progress)
+        if doc is None:
+            doc = rollback(obj.host, obj.config, reason=reason, progress=None if as_json else progress,
+                           kernel=kernel)
+        lines = ["nothing to roll back: the stock nvidia-uvm is selected"] if doc["nothing_to_do"] else \
+            [f"{d['kernel']}: {'stock selected' if d['ok'] else 'FAILED: ' + d['error']['message']}"
+             for d in doc["kernels"]]
+        _emit(doc, as_json, lines)
+        return 0 if doc["ok"] else EXIT_FAILED
+
+    @root.command("activate")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--dry-run", is_flag=True, help="Say what would be run.")
+    @click.pass_obj
+    def activate_cmd(obj, as_json, dry_run):
+        """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).
+        Exit 0 active, 1 refused or deferred to next boot, 3 failed."""
+        from spark_memsaver.cli import client
+
+        doc = None if dry_run else client.act_unprivileged(obj.host, "Activate",
+                                                           progress=None if as_json else progress)
+        if doc is None:
+            doc = activate(obj.host, obj.config, None if as_json else progress, dry_run=dry_run)
+        if doc.get("activated"):
+            lines = [f"active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
+        elif doc.get("dry_run"):
+            lines = ["would run: " + "; ".join(" ".join(c) for c in doc["would_run"])]
+        else:
+            lines = [doc["message"]]
+        _emit(doc, as_json, lines)
+        return 0 if doc.get("activated") or doc.get("dry_run") else 1

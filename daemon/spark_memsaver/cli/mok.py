@@ -1,0 +1,109 @@
+"""CLI: the mok group (click commands only; the work is done in spark_memsaver.act.mok)."""
+
+from __future__ import annotations
+
+from spark_memsaver.errors import UsageError
+import json
+import os
+import stat
+import sys
+from spark_memsaver.act.mok import (_refuse_for, _require_live_root, cancel_enrollment, exit_code, observe, render_text, request_enrollment)
+
+
+def _read_password(password_file: str | None, password_stdin: bool) -> str:
+    import click
+
+    if password_file and password_stdin:
+        raise UsageError("give either --password-file or --password-stdin, not both")
+    if password_file:
+        try:
+            st = os.stat(password_file)
+            with open(password_file, encoding="utf-8") as f:
+                pw = f.readline().rstrip("\r\n")
+        except (OSError, UnicodeError) as e:
+            raise UsageError(f"cannot read the password file {password_file}: {getattr(e, 'strerror', e) or e}")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            click.echo(f"warning: {password_file} is readable by others; delete it after enrolling", err=True)
+        return pw
+    if password_stdin or not sys.stdin.isatty():
+        return sys.stdin.readline().rstrip("\r\n")
+    return click.prompt("One-time MOK password (you will type it again at the console)", hide_input=True,
+                        confirmation_prompt=True)
+
+
+def register(cli) -> None:
+    import click
+
+    @cli.group("mok")
+    def mok_group():
+        """Secure Boot / MOK: is the module-signing key trusted at boot; enroll it."""
+
+    cert_opt = click.option("--cert", "cert", type=click.Path(dir_okay=False), default=None,
+                            help="Certificate to check (PEM or DER) [default: DKMS's mok_certificate, else the "
+                                 "distribution default].")
+
+    @mok_group.command("status")
+    @cert_opt
+    @click.option("--json", "as_json", is_flag=True, help="Print the secure_boot section as JSON.")
+    @click.pass_obj
+    def status_cmd(obj, cert, as_json):
+        """Show the Secure Boot / MOK state of the signing key.
+
+        Exit status: 0 enrolled or not needed, 1 not loadable yet (no-key, not-enrolled, pending-*, blocked),
+        2 unknown."""
+        sb = observe(obj.host, cert=cert, config=None if cert else obj.config)
+        click.echo(json.dumps(sb, indent=2) if as_json else render_text(sb))
+        return exit_code(sb)
+
+    @mok_group.command("enroll")
+    @cert_opt
+    @click.option("--password-file", type=click.Path(dir_okay=False), default=None,
+                  help="Read the one-time password from the first line of this file.")
+    @click.option("--password-stdin", is_flag=True, help="Read the one-time password from one line of stdin.")
+    @click.option("--wait-at-console", is_flag=True,
+                  help="Also run 'mokutil --timeout -1': MokManager opens its menu and waits instead of a 10 s "
+                       "countdown.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
+    @click.pass_obj
+    def enroll_cmd(obj, cert, password_file, password_stdin, wait_at_console, as_json):
+        """Request enrollment of the signing key at the next boot (mokutil --import).
+
+        Exit status: 0 requested; 1 refused (not needed, no key, already enrolled/pending, blocked, unknown);
+        2 bad usage or password; 3 mokutil failed."""
+        config = None if cert else obj.config
+        before = observe(obj.host, cert=cert, config=config)
+        _refuse_for(before)                      # refuse before asking for a password
+        _require_live_root(obj.host, "mok enroll")
+        pw = _read_password(password_file, password_stdin)
+        res = request_enrollment(obj.host, config, pw, cert=cert, wait_at_console=wait_at_console)
+        if as_json:
+            click.echo(json.dumps(res, indent=2))
+            return 0
+        c = res["certificate"]
+        click.echo(f"Enrollment requested for {c['subject']}\n  sha256 {c['sha256']}\n  sha1   {c['sha1']} "
+                   "(MokManager's 'View key' shows this one)")
+        for w in res["warnings"]:
+            click.echo("warning: " + w, err=True)
+        click.echo("\nNow 'spark-memsaver mok status' shows: pending-enroll. At the next boot, at the console:")
+        for i, s in enumerate(res["console_steps"], 1):
+            click.echo(f"  {i}. {s}")
+        click.echo("\nAfter that reboot, 'mok status' shows: enrolled. If the prompt was missed (timeout, "
+                   "'Continue boot', 3 wrong passwords) the request is gone and it shows not-enrolled: run "
+                   "'spark-memsaver mok enroll' again.")
+        return 0
+
+    @mok_group.command("cancel")
+    @cert_opt
+    @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
+    @click.pass_obj
+    def cancel_cmd(obj, cert, as_json):
+        """Drop the pending enrollment request (mokutil --revoke-import).
+
+        Exit status: 0 cancelled or nothing pending; 1 refused; 3 mokutil failed."""
+        res = cancel_enrollment(obj.host, None if cert else obj.config, cert)
+        if as_json:
+            click.echo(json.dumps(res, indent=2))
+        else:
+            click.echo("Enrollment request cancelled." if res["cancelled"] else "Nothing to cancel: "
+                       + res["message"] + ".")
+        return 0
