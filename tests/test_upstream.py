@@ -1,0 +1,165 @@
+"""The upstream series (uvm_patch/upstream/): generated from the DKMS sources, applies to 595.45.04, compiles.
+
+Without the open-gpu-kernel-modules mirror (CI) the series is compared minus git's `index` lines of NVIDIA's
+files (they need NVIDIA's blobs), and the apply/compile tests skip with the reason. With the mirror, the
+comparison is byte for byte, `git apply --check` runs against the tag's full tree, and (-m compile) the
+series is applied and nvidia-uvm.ko built against this machine's x86_64 headers.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+UP = REPO / "uvm_patch" / "upstream"
+MIRROR = Path(os.environ.get("SPARK_MEMSAVER_NV_MIRROR", "/work/.mirror/NVIDIA+open-gpu-kernel-modules/repo"))
+no_mirror = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no open-gpu-kernel-modules mirror at {MIRROR} "
+                                                          "(CI has none)")
+
+
+@pytest.fixture(scope="module")
+def gen():
+    loader = importlib.machinery.SourceFileLoader("upstream_generate", str(UP / "generate"))
+    spec = importlib.util.spec_from_loader("upstream_generate", loader)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["upstream_generate"] = mod
+    loader.exec_module(mod)
+    return mod
+
+
+def committed() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((UP / "series").glob("*.patch"))}
+
+
+def test_committed_series_is_the_generators_output(gen):
+    mirror = MIRROR if MIRROR.is_dir() else None
+    out = gen.build_series(mirror)
+    have = committed()
+    assert list(have) == list(out) and len(out) == 2
+    if mirror is None:
+        have = {k: gen.strip_index(v) for k, v in have.items()}
+        out = {k: gen.strip_index(v) for k, v in out.items()}
+    assert have == out, "run uvm_patch/upstream/generate and commit uvm_patch/upstream/series"
+    assert gen.build_series(mirror) == gen.build_series(mirror)          # reproducible (fixed author/date)
+
+
+def _files(text: str) -> dict[str, str]:
+    """path -> the diff section of that path."""
+    parts = re.split(r"^diff --git a/(\S+) b/\S+\n", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_new_files_are_the_pool_sources_with_the_upstream_edits(gen):
+    series = "".join(committed().values())
+    files = _files(series)
+    for name in ("uvm_pt_pack.c", "uvm_pt_pack.h"):
+        body = files[f"kernel-open/nvidia-uvm/{name}"]
+        assert body.startswith("new file mode 100644\n")
+        added = "\n".join(l[1:] for l in body.split("\n") if l.startswith("+") and not l.startswith("+++")) + "\n"
+        assert added == gen.upstream_pool(name)
+    c = gen.upstream_pool("uvm_pt_pack.c")
+    src = (REPO / "uvm_patch/src/uvm_pt_pack.c").read_text()
+    assert "MODULE_INFO(spark_memsaver" in src and "MODULE_INFO(spark_memsaver" not in c
+    assert re.search(r"^#define UVM_PT_PACK_DEFAULT 0\b", c, re.M)
+    assert "tier != UVM_PT_PACK_TIER_OFF && tier != UVM_PT_PACK_TIER_LEAF" in c
+    assert "SPDX-License-Identifier: GPL-2.0-only OR MIT" in c
+    # Apart from the edited lines, the file is the DKMS product's, line for line.
+    extra = set(c.split("\n")) - set(src.split("\n"))
+    assert len(extra) <= 6, extra
+
+
+def test_hook_hunks_are_the_dkms_patchs(gen):
+    """Every hunk of uvm_mmu.[ch] / the Kbuild is the r595 DKMS patch's, same context, our comments renamed."""
+    dkms = gen.parse_unified((REPO / "uvm_patch/patches/r595/0001-uvm-pt-pack-hooks.patch").read_text())
+    series = _files("".join(committed().values()))
+    for rel, hunks in dkms.items():
+        body = series["kernel-open/" + rel]
+        got = gen.parse_unified(f"--- a/{rel}\n+++ b/{rel}\n" + body.split(f"+++ b/kernel-open/{rel}\n", 1)[1])[rel]
+        assert [(h.old_start, h.old_len) for h in got] == [(h.old_start, h.old_len) for h in hunks]
+        for g, d in zip(got, hunks):
+            assert [l for l in g.lines if not l.startswith("+")] == [l for l in d.lines if not l.startswith("+")]
+            assert g.lines == [gen.upstream_hook_line(l) for l in d.lines]
+    assert not re.search(r"^\+.*spark[-_]memsaver", "".join(series[p] for p in series if "uvm_pt_pack" not in p),
+                         re.M)
+
+
+def test_messages_carry_the_figures_and_the_caveats():
+    p1, p2 = committed().values()
+    for words in ("0.2035 GiB", "3.2566 GiB", "3,400,000", "400,000", "pending: run in a VM", "Predicates",
+                  "uvm_pt_pack=3", "NVIDIA/open-gpu-kernel-modules#1269", "has not run on hardware yet"):
+        assert words in p2, words
+    assert "GPL-2.0-only OR MIT" in p1 and "default 0" in p1
+    for p in (p1, p2):
+        assert p.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: ")
+        assert "\nDate: Tue, 1 Dec 2026 12:00:00 +0000\n" in p
+    assert "base-commit: df1c9a3de2be4b130f4fc7680f7198193d8ac6ad" in p2
+
+
+def test_generator_stops_when_the_pool_moves(gen, monkeypatch, tmp_path):
+    # An upstream edit whose anchor no longer matches must stop generation, never emit a half-edited file.
+    src = tmp_path / "uvm_patch"
+    (src / "src").mkdir(parents=True)
+    for name in ("uvm_pt_pack.c", "uvm_pt_pack.h"):
+        text = (REPO / "uvm_patch/src" / name).read_text()
+        (src / "src" / name).write_text(text.replace("MODULE_INFO(spark_memsaver", "MODULE_INFO(other"))
+    monkeypatch.setattr(gen, "UVM_PATCH", src)
+    with pytest.raises(gen.GenerateError, match="no product modinfo tag"):
+        gen.upstream_pool("uvm_pt_pack.c")
+    with pytest.raises(gen.GenerateError, match="still names the product"):
+        gen.upstream_hook_line("+    x = 1; // spark_memsaver leftover")
+
+
+def test_apply_hunks_refuses_wrong_context(gen):
+    h = gen.Hunk(2, 2, [" b", "+x", " c"])
+    assert gen.apply_hunks("a\nb\nc\n", [h], "f") == "a\nb\nx\nc\n"
+    with pytest.raises(gen.GenerateError, match="context differs"):
+        gen.apply_hunks("a\nB\nc\n", [h], "f")
+
+
+@no_mirror
+def test_series_applies_to_the_tag_with_git_apply_check(tmp_path):
+    g = tmp_path / "git"
+    subprocess.run(["git", "init", "-q", "--bare", str(g)], check=True)
+    (g / "objects/info/alternates").write_text(f"{MIRROR}/objects\n")
+    env = dict(os.environ, GIT_INDEX_FILE=str(tmp_path / "index"))
+    commit = subprocess.run(["git", "--git-dir", str(MIRROR), "rev-parse", "595.45.04^{commit}"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "--git-dir", str(g), "read-tree", commit], check=True, env=env)
+    patches = sorted(str(p) for p in (UP / "series").glob("*.patch"))
+    p = subprocess.run(["git", "--git-dir", str(g), "apply", "--check", "--cached", *patches],
+                       env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    # and it would not apply twice (the check is real): apply, then check again
+    subprocess.run(["git", "--git-dir", str(g), "apply", "--cached", *patches], env=env, check=True)
+    p = subprocess.run(["git", "--git-dir", str(g), "apply", "--check", "--cached", *patches],
+                       env=env, capture_output=True, text=True)
+    assert p.returncode != 0
+
+
+def _x86_headers() -> Path | None:
+    found = sorted(glob.glob("/lib/modules/*/build/include/generated/utsrelease.h"))
+    return Path(found[-1]).parents[2] if found else None
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@no_mirror
+@pytest.mark.skipif(_x86_headers() is None, reason="no kernel headers under /lib/modules/*/build")
+def test_series_compiles_against_x86_64_headers(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run([str(UP / "build-check"), str(MIRROR), str(_x86_headers()), "x86_64", str(out)],
+                       capture_output=True, text=True, timeout=3600)
+    result = json.loads((out / "result.json").read_text())
+    assert p.returncode == 0 and result["status"] == "pass", (result["failures"], p.stdout[-2000:])
+    assert result["apply_check"] == "pass" and result["spark_memsaver_tag"] == ""
+    assert result["parms"] == ["uvm_pt_pack", "uvm_pt_pack_stats"]
