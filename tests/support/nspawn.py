@@ -66,6 +66,13 @@ Containers
         ``--address`` from the host).
         ``journal(unit=None, lines=200) -> str``, ``boot_log() -> str``: for failure messages.
         ``poweroff()``: explicit teardown (idempotent).
+        ``start_sshd(address, authorized_key, port=22)``: sshd on that loopback address only (the
+        containers share the host's network namespace, so each takes its own 127.0.0.x); root by key only.
+        Needs ``extra=("openssh-server",)``.
+
+    ``containers(n, **kw)``: a context manager booting ``n`` containers with the same arguments.
+    ``base=MINIMAL_PACKAGES`` (for :func:`rootfs` and :class:`Container`): minbase plus systemd and dbus
+    only, a node as a minimal install leaves it (no compiler, dpkg-dev, sudo or cpio).
 
     ``kernel_headers() -> list[str]``: kernel releases with headers on the host (``/lib/modules/*/build``).
     ``debian_mirror() -> str``: the mirror URI from the system's apt sources.
@@ -99,7 +106,7 @@ except ImportError:  # run as a script: python3 tests/support/<name>.py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import cache  # type: ignore
 
-__all__ = ["BASE_PACKAGES", "Container", "ContainerError", "CommandFailed", "rootfs", "kernel_headers",
+__all__ = ["BASE_PACKAGES", "MINIMAL_PACKAGES", "Container", "containers", "ContainerError", "CommandFailed", "rootfs", "kernel_headers",
            "debian_mirror", "available", "cache_dir"]
 
 #: Packages every rootfs gets: a booting systemd with a system bus, and spark-memsaver's runtime
@@ -111,6 +118,8 @@ BASE_PACKAGES = (
     "dkms", "kmod", "patch", "openssl", "mokutil", "make", "gcc", "libc6-dev", "dpkg-dev",
     "ca-certificates", "procps", "less",
 )
+#: A node as a minimal Debian install leaves it: minbase plus a booting systemd with a system bus.
+MINIMAL_PACKAGES = ("systemd", "systemd-sysv", "dbus")
 ROOTFS_FORMAT = 2  # bump to invalidate cached rootfs trees when the recipe changes
 _READY = ".ready"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -183,17 +192,23 @@ def available() -> str | None:
     return None
 
 
-def _rootfs_key(suite: str, extra) -> str:
-    h = hashlib.sha256(repr((ROOTFS_FORMAT, suite, sorted(BASE_PACKAGES), sorted(extra))).encode()).hexdigest()
+def _rootfs_key(suite: str, extra, base=None) -> str:
+    if base is None:  # the default recipe keeps its historical key (existing caches stay valid)
+        h = hashlib.sha256(repr((ROOTFS_FORMAT, suite, sorted(BASE_PACKAGES), sorted(extra))).encode()).hexdigest()
+    else:
+        h = hashlib.sha256(repr((ROOTFS_FORMAT, suite, "base", sorted(base), sorted(extra))).encode()).hexdigest()
     return f"{suite}-{h[:12]}"
 
 
-def rootfs(suite: str = "bookworm", extra=()) -> Path:
-    """Path of the cached, never-booted rootfs for `suite` with BASE_PACKAGES + `extra` (built once)."""
+def rootfs(suite: str = "bookworm", extra=(), base=None) -> Path:
+    """Path of the cached, never-booted rootfs for `suite` with `base` (default BASE_PACKAGES) + `extra`
+    (built once). ``base=MINIMAL_PACKAGES`` gives a node as a minimal install leaves it (no compiler,
+    no dpkg-dev, no sudo, no cpio): the first-contact tests use it."""
     reason = available()
     if reason:
         raise ContainerError(reason)
-    key = _rootfs_key(suite, tuple(extra))
+    base_pkgs = BASE_PACKAGES if base is None else tuple(base)
+    key = _rootfs_key(suite, tuple(extra), None if base is None else base_pkgs)
     base = cache_dir() / "nspawn" / key
     root = base / "root"
     if (base / _READY).exists():
@@ -207,7 +222,7 @@ def rootfs(suite: str = "bookworm", extra=()) -> Path:
             _rmtree(tmp)
         mirror = debian_mirror()
         log = base / "debootstrap.log"
-        pkgs = ",".join(sorted(set(BASE_PACKAGES) | set(extra)))
+        pkgs = ",".join(sorted(set(base_pkgs) | set(extra)))
         t0 = time.monotonic()
         _host_run(["debootstrap", "--variant=minbase", "--components=main,contrib", f"--include={pkgs}",
                    suite, tmp, mirror], timeout=1800, log=log)
@@ -276,9 +291,10 @@ def _overlay_supported() -> bool:
 
 class Container:
     def __init__(self, suite: str = "bookworm", extra=(), binds=(), binds_rw=(), kernels=(),
-                 name: str | None = None, boot_timeout: float = 60, layer: str = "auto"):
+                 name: str | None = None, boot_timeout: float = 60, layer: str = "auto", base=None):
         self.suite = suite
         self.extra = tuple(extra)
+        self.base = None if base is None else tuple(base)
         self.binds = [(str(a), str(b)) for a, b in binds]
         self.binds_rw = [(str(a), str(b)) for a, b in binds_rw]
         self.kernels = list(kernels)
@@ -311,7 +327,7 @@ class Container:
 
     def start(self) -> None:
         t0 = time.monotonic()
-        lower = rootfs(self.suite, self.extra)
+        lower = rootfs(self.suite, self.extra, base=self.base)
         runs = cache_dir() / "nspawn" / "run"
         runs.mkdir(parents=True, exist_ok=True)
         self._work = Path(tempfile.mkdtemp(prefix=f"{self.name}.", dir=runs))
@@ -539,6 +555,33 @@ class Container:
     def read_text(self, path: str) -> str:
         return self._inside(path).read_text(errors="replace")
 
+    def start_sshd(self, address: str, authorized_key: str, port: int = 22, timeout: float = 30) -> tuple[str, int]:
+        """Run the container's sshd on ``address:port`` only (the container shares the host's network, so
+        each container takes its own loopback address, e.g. 127.0.0.2), root login by ``authorized_key``
+        only. Needs ``openssh-server`` in the rootfs (``extra=("openssh-server",)``). Returns (address, port)
+        once the port accepts connections."""
+        if not self.exists("/usr/sbin/sshd"):
+            raise ContainerError("sshd is not installed in this rootfs: build it with extra=('openssh-server',)")
+        conf = (f"ListenAddress {address}:{port}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\nUseDNS no\n")
+        self.run(["mkdir", "-p", "-m", "0700", "/root/.ssh"], timeout=30)
+        self.run(["sh", "-ec", "cat > /etc/ssh/sshd_config.d/spark-test.conf"], input=conf, timeout=30)
+        self.run(["sh", "-ec", "cat > /root/.ssh/authorized_keys; chmod 0600 /root/.ssh/authorized_keys"],
+                 input=authorized_key.strip() + "\n", timeout=30)
+        self.run(["ssh-keygen", "-A"], timeout=60)
+        self.run(["systemctl", "restart", "ssh.service"], timeout=60)
+        deadline = time.monotonic() + timeout
+        import socket
+        while True:
+            try:
+                with socket.create_connection((address, port), timeout=2):
+                    return address, port
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise ContainerError(f"sshd in {self.name} does not accept on {address}:{port}: {e}\n"
+                                         f"{self.journal('ssh.service', 30)}") from None
+                time.sleep(0.2)
+
     def journal(self, unit: str | None = None, lines: int = 200) -> str:
         argv = ["journalctl", "--no-pager", "-n", str(lines)] + (["-u", unit] if unit else [])
         try:
@@ -552,6 +595,18 @@ class Container:
             return self._log.read_text(errors="replace") if self._log else ""
         except OSError:
             return ""
+
+
+@contextlib.contextmanager
+def containers(n: int, **kw):
+    """``n`` containers booted one after the other with the same arguments (names ``<name>-<i>`` when
+    ``name`` is given); yields the list and powers all of them off on exit, also on errors."""
+    name = kw.pop("name", None)
+    with contextlib.ExitStack() as stack:
+        out = []
+        for i in range(n):
+            out.append(stack.enter_context(Container(name=f"{name}-{i}" if name else None, **kw)))
+        yield out
 
 
 def _children(pid: int) -> list[int]:
