@@ -19,7 +19,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from spark_memsaver import hazards as hz
+from spark_memsaver.decide import hazards as hz
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "uvm_patch" / "hazards.yaml"
@@ -288,3 +288,146 @@ def test_fixture_excerpts_are_nvidias_text(tag):
     full = _git("show", f"{tag}:kernel-open/common/inc/nv-linux.h").stdout
     body = excerpt(tag).split("\n", 1)[1]
     assert body in full
+
+
+# --- status on root-prefixed Spark roots (tests/support/sparkroot.py + NVIDIA's nv-linux.h text) ---------
+
+from tests.support import sparkroot  # noqa: E402
+
+PMD = {K4: 2 << 20, K16: 32 << 20, K64: 512 << 20}
+
+
+def node(tmp_path, *, version: str, page_size: int = K64, arch: str = "aarch64", source: str | None = "same",
+         loaded: bool = True) -> Path:
+    """A Spark root (sparkroot) re-dressed: driver `version` loaded (or only its nvidia.ko on disk), the
+    running kernel at `page_size`, and /usr/src/nvidia-<version>/common/inc/nv-linux.h holding the fixture
+    excerpt `source` ("same": the excerpt of `version`; None: no source, as with precompiled modules)."""
+    root = sparkroot.make_spark_root(tmp_path / "root", loaded_driver=version if loaded else None)
+    k = sparkroot.SPARK_KERNEL
+    sparkroot.write(root, "/proc/sys/kernel/arch", arch + "\n")
+    sparkroot.write(root, "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", f"{PMD[page_size]}\n")
+    cfg = "CONFIG_X86_64=y\n" if arch == "x86_64" else \
+        f"CONFIG_ARM64=y\nCONFIG_ARM64_{page_size // 1024}K_PAGES=y\n"
+    sparkroot.write(root, f"/boot/config-{k}", cfg + "CONFIG_MODVERSIONS=y\nCONFIG_MODULE_SIG=y\n")
+    src = root / f"usr/src/nvidia-{sparkroot.DRIVER}"
+    if source is None:
+        import shutil
+        shutil.rmtree(src)
+    else:
+        if version != sparkroot.DRIVER:
+            src = src.rename(root / f"usr/src/nvidia-{version}")
+        sparkroot.write(root, f"/usr/src/nvidia-{version}/common/inc/nv-linux.h",
+                        excerpt(version if source == "same" else source))
+    return root
+
+
+def status_doc(root: Path, kernels: str = "64k-only"):
+    from spark_memsaver.config import Config
+    from spark_memsaver.host import Host
+    from spark_memsaver.report.document import render_text, status
+    doc, verdict = status(Host(root), Config(kernels=kernels))
+    jsonschema.validate(doc, json.loads((REPO / "daemon/spark_memsaver/report/status.schema.json").read_text()))
+    return doc, render_text(doc)
+
+
+def hazard_findings(doc):
+    return [f for f in doc["findings"] if f["code"] == "driver-hazard-dma-submap"]
+
+
+@pytest.mark.parametrize("page_size", [K16, K64])
+@pytest.mark.parametrize("version", ["590.44.01", "595.45.04"])
+@pytest.mark.parametrize("with_source", [True, False])
+def test_status_warns_on_an_affected_node(tmp_path, version, page_size, with_source):
+    root = node(tmp_path, version=version, page_size=page_size, source="same" if with_source else None)
+    doc, text = status_doc(root)
+    (f,) = hazard_findings(doc)
+    assert f["severity"] == "warning" and "NVIDIA/open-gpu-kernel-modules#1269" in f["message"]
+    assert ("driver source" if with_source else "decided by the driver version") in f["message"]
+    assert f"driver {version}" in f["message"]
+    assert "[warning] driver-hazard-dma-submap:" in text and "580 driver branch" in text
+    if page_size == K16:     # 64k-only policy: otherwise not-applicable, the warning is still there
+        assert doc["state"] == "not-applicable"
+
+
+def test_status_warns_from_the_nvidia_ko_when_nothing_is_loaded(tmp_path):
+    # No loaded nvidia: the running kernel's nvidia.ko (580.142 in sparkroot) is the driver in effect, and
+    # its source decides; given 595's text under that version, content wins over the version.
+    root = node(tmp_path, version=sparkroot.DRIVER, loaded=False, source="595.45.04")
+    doc, _ = status_doc(root)
+    (f,) = hazard_findings(doc)
+    assert "driver 580.142" in f["message"] and "driver source" in f["message"]
+
+
+@pytest.mark.parametrize("case", ["580.142", "580.142-nosrc", "4k", "x86_64", "fixed", "fixed-610"])
+def test_status_is_quiet_elsewhere(tmp_path, case):
+    kw = {"580.142": dict(version="580.142"), "580.142-nosrc": dict(version="580.142", source=None),
+          "4k": dict(version="595.45.04", page_size=K4), "x86_64": dict(version="595.45.04", arch="x86_64",
+                                                                         page_size=K4),
+          "fixed": dict(version="595.45.04", source="595.45.04-fixed"),
+          "fixed-610": dict(version="610.43.03", source="595.45.04-fixed")}[case]
+    doc, text = status_doc(node(tmp_path, **kw))
+    assert hazard_findings(doc) == [] and "1269" not in text
+    assert not [f for f in doc["findings"] if f["code"].startswith("hazard")], doc["findings"]
+
+
+def test_status_cli_json_and_text(tmp_path):
+    root = node(tmp_path, version="595.45.04")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), "status", "--json",
+                        "--direct"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, r.stderr          # a warning: exit 1, "a problem was found"
+    doc = json.loads(r.stdout)
+    assert [f["code"] for f in hazard_findings(doc)] == ["driver-hazard-dma-submap"]
+    assert "NV_DMA_SUBMAP_MAX_PAGES" not in r.stdout     # the file's text stays in the snapshot, not the document
+
+
+def test_a_missing_table_is_one_info_finding(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_MEMSAVER_UVM_PATCH_DIR", str(tmp_path / "empty"))
+    from spark_memsaver.observe import snapshot as obs
+    monkeypatch.setattr(obs, "_hazards_table", lambda: {"path": None, "text": None, "error": "not found"})
+    doc, _ = status_doc(node(tmp_path, version="595.45.04"))
+    codes = [f["code"] for f in doc["findings"]]
+    assert "hazards-table-unreadable" in codes and "driver-hazard-dma-submap" not in codes
+    assert [f["severity"] for f in doc["findings"] if f["code"] == "hazards-table-unreadable"] == ["info"]
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no open-gpu-kernel-modules mirror at {MIRROR} (CI has none)")
+@pytest.mark.parametrize("tag,affected", [("580.142", False), ("590.44.01", True), ("595.45.04", True)])
+def test_status_with_nvidias_whole_file(tmp_path, tag, affected):
+    root = node(tmp_path, version=tag)
+    sparkroot.write(root, f"/usr/src/nvidia-{tag}/common/inc/nv-linux.h",
+                    _git("show", f"{tag}:kernel-open/common/inc/nv-linux.h").stdout)
+    doc, _ = status_doc(root)
+    assert bool(hazard_findings(doc)) is affected
+
+
+def _cli(root, *args):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    return subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_reconcile_proceeds_and_says_it_once(tmp_path):
+    root = node(tmp_path, version="595.45.04")
+    r = _cli(root, "reconcile", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("NVIDIA/open-gpu-kernel-modules#1269") == 1 and r.stdout.count("note: ") == 1
+    assert "plan (dry run):" in r.stdout                         # the plan itself is unchanged
+    doc = json.loads(_cli(root, "reconcile", "--dry-run", "--json").stdout)
+    assert [n["code"] for n in doc["notes"]] == ["driver-hazard-dma-submap"]
+    quiet = node(tmp_path / "q", version="580.142")
+    r = _cli(quiet, "reconcile", "--dry-run")
+    assert r.returncode == 0 and "note: " not in r.stdout
+
+
+def test_install_notes_are_the_warnings_only(tmp_path, monkeypatch):
+    from spark_memsaver.cli.build import hazard_note_lines, hazard_notes
+    from spark_memsaver.host import Host
+    notes = hazard_notes(Host(node(tmp_path, version="590.44.01", page_size=K16, source=None)))
+    assert [n["code"] for n in notes] == ["driver-hazard-dma-submap"]
+    assert len(hazard_note_lines(notes)) == 2 and hazard_note_lines(notes)[0].startswith("note: GPU allocations")
+    from spark_memsaver.observe import snapshot as obs
+    monkeypatch.setattr(obs, "_hazards_table", lambda: {"path": None, "text": None, "error": "not found"})
+    assert hazard_notes(Host(node(tmp_path / "b", version="595.45.04"))) == []   # an info is not a note

@@ -6,6 +6,7 @@ import click
 import json
 import sys
 from spark_memsaver.act.dkms import (PACKAGE, build, install, remove)
+from spark_memsaver.errors import MemsaverError
 
 
 class _Line:
@@ -47,6 +48,21 @@ def _run_cli(obj, fn, as_json: bool, **kw):
     return doc
 
 
+def hazard_notes(host) -> list[dict]:
+    """Warnings about known NVIDIA driver faults on this node (uvm_patch/hazards.yaml), for install and
+    reconcile to say once. Our module neither causes nor cures them: the operation goes on regardless."""
+    from spark_memsaver.decide.hazards import findings_from_inputs
+    from spark_memsaver.observe.snapshot import observe_hazard_inputs
+    try:
+        return [f for f in findings_from_inputs(observe_hazard_inputs(host)) if f["severity"] == "warning"]
+    except (OSError, MemsaverError):
+        return []
+
+
+def hazard_note_lines(notes: list[dict]) -> list[str]:
+    return [ln for n in notes for ln in (f"note: {n['message']}", f"      remedy: {n['remedy']}")]
+
+
 def register(cli) -> None:
     """Add `build`, `install` and `remove` to the root group."""
 
@@ -85,6 +101,7 @@ def register(cli) -> None:
     def install_cmd(obj, kernel, all_kernels, as_json):
         """Build if needed and install the override; verify it is the selected nvidia-uvm."""
         doc = _run_cli(obj, install, as_json, kernel=kernel, all_kernels=all_kernels)
+        doc["notes"] = hazard_notes(obj.host)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:
@@ -93,6 +110,8 @@ def register(cli) -> None:
                            f"{PACKAGE}/{r['dkms_version']}); initramfs: {r['initramfs']}")
             for s in doc["skipped"]:
                 click.echo(f"skipped: {s['kernel']}: {s['reason']}")
+            for ln in hazard_note_lines(doc["notes"]):
+                click.echo(ln)
         return 0
 
     @cli.command("remove")

@@ -76,8 +76,10 @@ def register(root) -> None:
             return 0
         doc = reconcile(obj.host, obj.config, say, kernels=list(kernels) or None,
                         rebuild=False if no_rebuild else None, dry_run=dry_run)
+        from spark_memsaver.cli.build import hazard_note_lines, hazard_notes
+        doc["notes"] = hazard_notes(obj.host)
         _emit(doc, as_json, (["plan (dry run):"] if dry_run else ["reconcile:"]) + _step_lines(doc["steps"])
-              + ([] if doc["steps"] else ["  nothing to do"]))
+              + ([] if doc["steps"] else ["  nothing to do"]) + hazard_note_lines(doc["notes"]))
         return 0 if doc.get("ok", True) else EXIT_FAILED
 
     @root.command("rollback")

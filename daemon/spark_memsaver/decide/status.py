@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
+from spark_memsaver.decide.hazards import findings_from_inputs
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")
@@ -77,6 +78,10 @@ def evaluate(snap: dict, config: Config) -> Verdict:
                          "No NVIDIA driver is installed or loaded on this host, so there is no nvidia-uvm to patch.",
                          "Nothing to do. Install the NVIDIA open driver first if this node has an NVIDIA GPU."))
         return Verdict("not-applicable", f)
+
+    # 1b. Known faults of the NVIDIA driver around our module (uvm_patch/hazards.yaml): shown on every
+    #     path below, including not-applicable.
+    f.extend(Finding(**x) for x in findings_from_inputs(snap.get("hazard_inputs")))
 
     # 2. Safety first: a patched module selected or loaded beside a different driver's nvidia.ko.
     mismatch = False

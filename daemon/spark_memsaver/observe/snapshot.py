@@ -337,6 +337,66 @@ def observe_records(host: Host) -> dict:
     return out
 
 
+# --- known driver hazards (decided in decide/hazards.py) ------------------------------------------
+
+HAZARDS_FILE = "hazards.yaml"
+_HAZARD_TEXT_MAX = 4 << 20
+
+
+def _hazards_table() -> dict:
+    """The product's hazards table (product data, never under --root): like act/patch.py's data dir."""
+    from pathlib import Path
+    env = os.environ.get("SPARK_MEMSAVER_UVM_PATCH_DIR")
+    dirs = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[3] / "uvm_patch",
+                                           Path("/usr/share/spark-memsaver/uvm_patch")]
+    for d in dirs:
+        p = d / HAZARDS_FILE
+        if p.is_file():
+            try:
+                return {"path": str(p), "text": p.read_text(), "error": None}
+            except (OSError, UnicodeError) as e:
+                return {"path": str(p), "text": None, "error": f"{p}: {e}"}
+    return {"path": None, "text": None, "error": "not found in " + ", ".join(str(d) for d in dirs)}
+
+
+def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None = None,
+                          kernels: list[dict] | None = None) -> dict:
+    """The inputs of decide/hazards.py: the table, the driver version in effect (loaded nvidia, else the
+    running kernel's nvidia.ko), the running kernel's arch and page size, and, when that driver's source is
+    in /usr/src, the text of the files the table's signatures name (read through the root prefix)."""
+    from spark_memsaver.decide.hazards import HazardsInvalid, load_hazards
+    h = h if h is not None else observe_host(host)
+    driver = driver if driver is not None else observe_driver(host)
+    table = _hazards_table()
+    version = driver.get("loaded_version")
+    if not version:
+        for k in kernels if kernels is not None else observe_kernels(host, h.get("arch")):
+            if k.get("release") == h.get("kernel"):
+                version = (k.get("nvidia_selected") or {}).get("version")
+    files: list[str] = []
+    if table["text"] is not None:
+        try:
+            for hz in load_hazards(table["text"], table["path"]):
+                files += [f for f in hz.signature.files if f not in files]
+        except HazardsInvalid:
+            pass
+    sources: dict[str, str] = {}
+    src_path = None
+    for s in driver.get("sources", []):
+        if version and s.get("version") == version:
+            src_path = s["path"]
+            for rel in files:
+                p = host.path(f"{src_path}/{rel}")
+                try:
+                    if p.is_file() and p.stat().st_size <= _HAZARD_TEXT_MAX:
+                        sources[rel] = p.read_text(errors="replace")
+                except OSError:
+                    pass
+            break
+    return {"table": table, "driver_version": version, "arch": h.get("arch"), "page_size": h.get("page_size"),
+            "source_path": src_path, "sources": sources}
+
+
 # --- the snapshot ------------------------------------------------------------------------------
 
 def snapshot(host: Host) -> dict:
@@ -361,5 +421,6 @@ def snapshot(host: Host) -> dict:
         "memory": observe_memory(host, uvm),
         "records": observe_records(host),
     }
+    snap["hazard_inputs"] = observe_hazard_inputs(host, h, snap["driver"], kernels)
     snap["observed_in_s"] = round(time.monotonic() - t0, 4)
     return snap

@@ -275,7 +275,7 @@ def finding(hazard: Hazard, a: Assessment) -> dict | None:
     where = ", ".join(x for x in (f"driver {a.driver_version}" if a.driver_version else "",
                                   "arm64" if a.arch == "aarch64" else (a.arch or ""),
                                   f"{_kib(a.page_size)} pages" if a.page_size else "") if x)
-    how = {"content": "decided from the driver source (nv-linux.h)",
+    how = {"content": "decided from nv-linux.h in the driver source",
            "version": f"decided by the driver version ({hazard.affected_text}): no driver source on this node"}
     msg = (f"GPU allocations of 4 GiB or more made with cudaMalloc/cuMemCreate fault just below each 4 GiB "
            f"boundary on this node ({where}): {hazard.reference}, a fault in {hazard.component}, not in "
@@ -700,3 +700,42 @@ def macro_value(text: str, macro: str, page_size: int) -> int:
         raise CEvalError(f"at {_kib(page_size)} pages: {e}") from None
     except RecursionError:
         raise CEvalError(f"{macro}: macros nested too deeply") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# From the snapshot (observe/snapshot.py: observe_hazard_inputs gathers the inputs)
+
+
+def findings_from_inputs(inputs: dict | None) -> list[dict]:
+    """Status findings for every hazard this node meets.
+
+    ``inputs``: ``{"table": {"path", "text" (None: not found), "error"}, "driver_version", "arch", "page_size",
+    "sources": {relative path in the driver source: text}}``. No driver version and no source: nothing to say
+    (there is no driver). A table that cannot be read is one info finding, never an exception.
+    """
+    if not inputs:
+        return []
+    table = inputs.get("table") or {}
+    if table.get("text") is None:
+        return [{"code": "hazards-table-unreadable", "severity": "info",
+                 "message": "The known-hazards table could not be read ("
+                            + (table.get("error") or f"not found: {table.get('path') or 'hazards.yaml'}")
+                            + "): known NVIDIA driver faults are not checked.",
+                 "remedy": HazardsInvalid.remedy}]
+    try:
+        table_hazards = load_hazards(table["text"], table.get("path") or "hazards.yaml")
+    except HazardsInvalid as e:
+        return [{"code": e.code, "severity": "info", "message": e.message + ": known NVIDIA driver faults are "
+                 "not checked.", "remedy": e.remedy}]
+    sources = inputs.get("sources") or {}
+    if not inputs.get("driver_version") and not sources:
+        return []
+    out = []
+    for h in table_hazards:
+        text = next((sources[f] for f in h.signature.files if sources.get(f) is not None), None)
+        a = assess(h, driver_version=inputs.get("driver_version"), arch=inputs.get("arch"),
+                   page_size=inputs.get("page_size"), nv_linux_h_text=text)
+        f = finding(h, a)
+        if f is not None:
+            out.append(f)
+    return out
