@@ -111,6 +111,18 @@ def test_first_contact_tools_run_on_minimal_debian(suite, tmp_path):
         assert c.run(["systemctl", "is-active", UNIT], check=False).stdout.strip() == "active", c.journal(UNIT, 40)
         doc = _status_json(c)
         assert doc["state"] == "not-applicable", doc["state"]   # no NVIDIA driver in the container
+        if suite != "bookworm":
+            return
+        # as a user: without sudo it says to run it as root; with sudo it re-runs itself through sudo
+        c.sh("useradd -m tester && cp -a /root/spark-memsaver /opt/ && rm -rf /opt/spark-memsaver/build", timeout=60)
+        r = c.run(["runuser", "-u", "tester", "--", "/opt/spark-memsaver/tools/run"], check=False, timeout=60)
+        assert r.returncode == 2 and "needs root" in r.stderr, (r.returncode, r.stderr)
+        c.run(["apt-get", "install", "-y", "-q", "sudo"], timeout=300)
+        c.sh("echo 'tester ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/tester && chmod 0440 /etc/sudoers.d/tester")
+        r = c.run(["runuser", "-u", "tester", "--", "/opt/spark-memsaver/tools/run"], check=False, timeout=900,
+                  cwd="/tmp")
+        assert r.returncode == 0 and "State:" in r.stdout, (r.returncode, _tail(r.stdout), _tail(r.stderr))
+        assert _dpkg_status(c) == ("ii", code_version())
 
 
 # --------------------------------------------------------------------------------------------------
