@@ -6,8 +6,9 @@ model of every table and backing page (alignment, overlap, release of empty page
 reuse, counters text vs. recomputed truth, empty pools at deinit).
 
 Variants: ASan+UBSan unit checks and a random-op driver (10^6 ops per page size), a
-multi-threaded stress under TSan, a short libFuzzer run (clang), and four deliberately broken
-allocators (-DUVM_PT_PACK_FAULT_INJECT=n) that the checker must reject. The full 10^7-op run is
+multi-threaded stress under TSan, a short libFuzzer run (clang), and five deliberately broken
+allocators (-DUVM_PT_PACK_FAULT_INJECT=n) that the checker must reject. `fatal-teardown` covers a tree
+torn down after a UVM fatal error (expect_empty false: no WARN, one rate-limited line, pages leaked). The full 10^7-op run is
 tests/harness/run-fuzz.sh (figures in uvm_patch/README.md).
 """
 
@@ -78,6 +79,8 @@ def test_unit_checks_under_asan_ubsan(asan, shift):
     proc = _run([exe, "deinit-warn"])
     assert proc.returncode == 0 and "deinit-warn: ok" in proc.stdout, proc.stderr
     assert "WARNING" not in proc.stderr  # quiet mode: the expected warning is counted, not printed
+    proc = _run([exe, "fatal-teardown"])
+    assert proc.returncode == 0 and "fatal-teardown: ok" in proc.stdout, proc.stderr
 
 
 def test_default_tier_comes_from_build_flag(asan):
@@ -111,6 +114,7 @@ FAULTS = {
     2: ("misaligned",),                  # table addresses off by 128 bytes
     3: ("not zeroed",),                  # reused slot not zeroed
     4: ("empty page held",),             # empty backing page kept
+    5: ("routing",),                     # leaf tier packs 4 KiB tables / kernel trees (scope leak)
 }
 
 
@@ -169,11 +173,12 @@ def test_counters_text_matches_documented_format(bench_lib):
     lines = text.splitlines()
     got_keys = [ln.split(" ", 1)[0] for ln in lines]
     doc = README.read_text()
-    section = doc.split("## Counters interface, format 1", 1)[1].split("\n## ", 1)[0]
+    section = doc.split("## Counters interface, format 2", 1)[1].split("\n## ", 1)[0]
     doc_keys = re.findall(r"^\| `([a-z0-9_]+)`", section, flags=re.M)
     assert doc_keys and got_keys == doc_keys
     kv = dict(ln.split(" ", 1) for ln in lines)
-    assert kv["format"] == "1" and kv["page_size"] == "65536"
+    assert kv["format"] == "2" and kv["page_size"] == "65536"
+    assert kv["tier"] == "leaf"  # the compiled-in default
     # 300 tables of 256 B at 256 B granularity: 2 pages; 20 of 4 KiB in 4 KiB slots: 2 pages
     assert (kv["c256_tables"], kv["c256_pages"]) == ("300", "2")
     assert (kv["c4096_tables"], kv["c4096_pages"]) == ("20", "2")

@@ -104,6 +104,7 @@ static void pt_pack_tree_init(uvm_page_tree_t *tree)
         .integrated = @INTEGRATED@,
         .sysmem_tree = tree->location == UVM_APERTURE_SYS,
         .dma_coherent = pt_pack_dev_is_dma_coherent(gpu->parent->pci_dev),
+        .user_tree = tree->type == UVM_PAGE_TREE_TYPE_USER,
         .page_size = PAGE_SIZE,
     };
 
@@ -176,7 +177,7 @@ def edit_mmu_c(text: str, br: Branch) -> str:
     end = text.index("\n}\n", dealloc) + len("\n}\n")
     glue = GLUE.replace("@UNMAP@", br.unmap_fn).replace(
         "@INTEGRATED@", "gpu->parent->is_integrated_gpu ? 1 : 0" if br.has_integrated
-        else "-1, // no is_integrated_gpu before 575")
+        else "-1, // no is_integrated_gpu before 575 (nor any GB10 support)")
     text = text[:end] + glue + text[end:]
 
     # 3. allocate hook in allocate_directory() (the only caller that knows the depth).
@@ -197,11 +198,15 @@ def edit_mmu_c(text: str, br: Branch) -> str:
                          "    pt_pack_tree_init(tree);\n", "uvm_page_tree_init")
 
     # 5. tree deinit: at the very end, after the root (and map_remap tables) are freed.
+    #    After a fatal UVM error put_ptes_async() leaves tables in place on purpose: the pool is told to
+    #    expect emptiness only while UVM's global status is OK (else it logs rate-limited, no WARN).
     text = _insert_after(text, "    uvm_kvfree(tree->root);\n",
-                         "\n    // spark-memsaver: every table of this tree is freed by now.\n"
-                         "    uvm_pt_pack_tree_deinit(&tree->pt_pack);\n", "uvm_page_tree_deinit")
+                         "\n    // spark-memsaver: every table of this tree is freed by now, unless a\n"
+                         "    // fatal error left them in place (then the pool leaks, quietly).\n"
+                         "    uvm_pt_pack_tree_deinit(&tree->pt_pack, uvm_global_get_status() == NV_OK);\n",
+                         "uvm_page_tree_deinit")
     deinit = _once(text, "void uvm_page_tree_deinit(uvm_page_tree_t *tree)\n{", "deinit function")
-    if not (deinit < text.index("uvm_pt_pack_tree_deinit(&tree->pt_pack);") < text.index("\n}\n", deinit)):
+    if not (deinit < text.index("uvm_pt_pack_tree_deinit(&tree->pt_pack,") < text.index("\n}\n", deinit)):
         raise AnchorError("uvm_kvfree(tree->root) is not in uvm_page_tree_deinit()")
     return text
 

@@ -52,12 +52,15 @@ unsigned long ptb_page_size(void)
 	return PAGE_SIZE;
 }
 
-/* A pool as a tree would hold it; tier 0 = NVIDIA's path for everything. Returns an id or -1. */
-int ptb_pool_new(int tier)
+/*
+ * A pool as a tree would hold it; tier 0 = NVIDIA's path for everything.
+ * user_tree 0 = UVM's kernel tree (the leaf tier leaves it unpacked). Returns an id or -1.
+ */
+int ptb_pool_new_kind(int tier, int user_tree)
 {
 	struct uvm_pt_pack_facts f = {
 		.tier = tier, .has_pci_dev = true, .no_vidmem = true, .integrated = 1,
-		.sysmem_tree = true, .dma_coherent = true, .page_size = PAGE_SIZE,
+		.sysmem_tree = true, .dma_coherent = true, .user_tree = user_tree != 0, .page_size = PAGE_SIZE,
 	};
 	int i;
 
@@ -71,12 +74,17 @@ int ptb_pool_new(int tier)
 	return i;
 }
 
+int ptb_pool_new(int tier)
+{
+	return ptb_pool_new_kind(tier, 1);
+}
+
 /* Returns 0 if the pool was empty at deinit (it must be), 1 otherwise. */
 int ptb_pool_destroy(int id)
 {
 	int empty = uvm_pt_pack_pool_empty(pools[id]);
 
-	uvm_pt_pack_tree_deinit(pools[id]);
+	uvm_pt_pack_tree_deinit(pools[id], true);
 	free(pools[id]);
 	pools[id] = NULL;
 	return !empty;

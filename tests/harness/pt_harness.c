@@ -17,7 +17,9 @@
  *   - a table is all-zero when handed out (the checker scribbles into freed
  *     tables whose page is still held, so a reused slot must be zeroed);
  *   - the counters text (uvm_pt_pack_stats, parsed) equals the recomputed truth;
- *   - every pool is empty at deinit and the global counters return to zero.
+ *   - every pool is empty at deinit and the global counters return to zero;
+ *   - the pool never writes page->private (NVIDIA's) and never reads it: the
+ *     checker plants stray values there (stray-private unit case).
  * A failed check prints "CHECK FAILED: <kind>: ..." and exits with status 3.
  */
 #include "shim.h"
@@ -29,7 +31,7 @@
 extern int shim_warn_quiet;
 
 #ifndef UVM_PT_PACK_DEFAULT
-#define UVM_PT_PACK_DEFAULT_EXPECT 1
+#define UVM_PT_PACK_DEFAULT_EXPECT 3   /* leaf */
 #else
 #define UVM_PT_PACK_DEFAULT_EXPECT UVM_PT_PACK_DEFAULT
 #endif
@@ -65,6 +67,7 @@ struct bpage {                      /* a backing page handed out by get() */
 	bool alive;
 	int reg;                    /* index in bp_reg[] */
 	u32 owner[NGRAN];           /* table id owning each 256 B granule, 0 = free */
+	unsigned long planted;      /* page->private as NVIDIA's side last set it (the pool never may) */
 };
 
 /* Every live backing page (the model's truth for pages held). Under bk. */
@@ -174,7 +177,8 @@ static void put_cb(void *ctx, struct page *page, u64 gpu_addr)
 	CHECK(gpu_addr == bp->base, "bad put", "put() address %#" PRIx64 " != %#" PRIx64,
 	      gpu_addr, bp->base);
 	CHECK(bp->live == 0, "released in use", "backing page released with %d live tables", bp->live);
-	CHECK(page_private(page) == 0, "private", "page->private not cleared before put()");
+	CHECK(page_private(page) == bp->planted, "private", "the pool changed page->private (%#lx != %#lx)",
+	      page_private(page), bp->planted);
 	bp->alive = false;
 	bp_reg_del(bp);
 	n_puts++;
@@ -194,6 +198,12 @@ static unsigned int expect_align(int tier, u32 size)
 	return 4096;
 }
 
+/* Reasons that mean "out of scope by configuration": counted nowhere. */
+static bool reason_uncounted(enum uvm_pt_pack_reason r)
+{
+	return r == UVM_PT_PACK_R_DISABLED || r == UVM_PT_PACK_R_KERNEL_TREE;
+}
+
 static int size_cls(u32 size)
 {
 	return size == 256 ? UVM_PT_PACK_C256 : UVM_PT_PACK_C4096;
@@ -205,6 +215,9 @@ static bool expect_packed(const struct tree *t, unsigned int depth, u32 size)
 		return false;
 	if (size != 256 && size != 4096)
 		return false;
+	/* leaf: the validated scope, 256 B tables only (user trees: checked at tree init) */
+	if (t->tier == UVM_PT_PACK_TIER_LEAF && size != 256)
+		return false;
 	/* a class whose slot would be a whole page is not packed */
 	return PAGE_SIZE >= 2 * expect_align(t->tier, size);
 }
@@ -215,7 +228,7 @@ static struct uvm_pt_pack_facts good_facts(int tier)
 {
 	struct uvm_pt_pack_facts f = {
 		.tier = tier, .has_pci_dev = true, .no_vidmem = true, .integrated = 1,
-		.sysmem_tree = true, .dma_coherent = true, .page_size = PAGE_SIZE,
+		.sysmem_tree = true, .dma_coherent = true, .user_tree = true, .page_size = PAGE_SIZE,
 	};
 	return f;
 }
@@ -231,7 +244,7 @@ static void tree_init(int i, const struct uvm_pt_pack_facts *f)
 	t->reason = uvm_pt_pack_tree_init(&t->pool, f, &ops, t);
 	CHECK(t->reason == uvm_pt_pack_check(f), "predicate", "tree_init reason differs from check");
 	t->tier = t->reason == UVM_PT_PACK_OK ? f->tier : UVM_PT_PACK_TIER_OFF;
-	if (t->reason != UVM_PT_PACK_OK && t->reason != UVM_PT_PACK_R_DISABLED)
+	if (t->reason != UVM_PT_PACK_OK && !reason_uncounted(t->reason))
 		last_reason_truth = uvm_pt_pack_reason_str(t->reason);
 	CHECK(uvm_pt_pack_active(&t->pool) == (t->reason == UVM_PT_PACK_OK), "predicate",
 	      "active() disagrees with reason");
@@ -430,7 +443,7 @@ static void check_counters(void)
 			continue;
 		if (t->reason == UVM_PT_PACK_OK)
 			tp++;
-		else if (t->reason != UVM_PT_PACK_R_DISABLED)
+		else if (!reason_uncounted(t->reason))
 			tu++;
 	}
 	/* pages: every live backing page of the model, by class; none may be empty */
@@ -441,7 +454,8 @@ static void check_counters(void)
 		pages[bp_reg[i]->cls]++;
 	}
 	CHECK(bp_n == pages_live_model, "harness", "registry");
-	tier_truth = req == UVM_PT_PACK_TIER_4K ? "4k" : req == UVM_PT_PACK_TIER_256 ? "256" : "off";
+	tier_truth = req == UVM_PT_PACK_TIER_4K_ALL ? "4k-all" : req == UVM_PT_PACK_TIER_256 ? "256" :
+		     req == UVM_PT_PACK_TIER_LEAF ? "leaf" : "off";
 	CHECK(v[0] == UVM_PT_PACK_FORMAT, "counters", "format %lld", v[0]);
 	CHECK(!strcmp(tier, tier_truth), "counters", "tier %s, want %s", tier, tier_truth);
 	CHECK(v[2] == (long long)PAGE_SIZE, "counters", "page_size %lld", v[2]);
@@ -504,9 +518,11 @@ static void random_facts(struct src *s, struct uvm_pt_pack_facts *f)
 {
 	u32 r = src_u32(s);
 
-	*f = good_facts((r & 1) ? UVM_PT_PACK_TIER_256 : UVM_PT_PACK_TIER_4K);
+	static const int tiers[] = { UVM_PT_PACK_TIER_LEAF, UVM_PT_PACK_TIER_4K_ALL, UVM_PT_PACK_TIER_256 };
+
+	*f = good_facts(tiers[(r >> 8) % 3]);
 	if ((r >> 1) % 4 == 0) {
-		switch ((r >> 3) % 9) {
+		switch ((r >> 3) % 10) {
 		case 0: f->tier = UVM_PT_PACK_TIER_OFF; break;
 		case 1: f->tier = 7; break;
 		case 2: f->has_pci_dev = false; break;
@@ -516,6 +532,7 @@ static void random_facts(struct src *s, struct uvm_pt_pack_facts *f)
 		case 6: f->sysmem_tree = false; break;
 		case 7: f->dma_coherent = false; break;
 		case 8: f->page_size = PAGE_SIZE * 2; break;
+		case 9: f->user_tree = false; break;   /* UVM's kernel tree */
 		}
 	}
 }
@@ -540,7 +557,7 @@ static void engine_tree_deinit(int i)
 	}
 	CHECK(uvm_pt_pack_pool_empty(&t->pool), "pool not empty", "tree %d at deinit", i);
 	pthread_mutex_lock(&t->lock);
-	uvm_pt_pack_tree_deinit(&t->pool);
+	uvm_pt_pack_tree_deinit(&t->pool, true);
 	pthread_mutex_unlock(&t->lock);
 	pthread_mutex_destroy(&t->lock);
 	t->used = false;
@@ -646,7 +663,7 @@ struct worker {
 };
 
 #define WORKER_MAX 256
-static int stress_ntrees = 2;
+static int stress_ntrees = 3;
 static int stress_stop;   /* __atomic */
 
 static void *worker_main(void *arg)
@@ -715,7 +732,9 @@ static void run_stress(long ops, u64 seed, int nthreads)
 
 	mt_mode = true;
 	for (i = 0; i < stress_ntrees; i++) {
-		f = good_facts(i % 2 ? UVM_PT_PACK_TIER_256 : UVM_PT_PACK_TIER_4K);
+		static const int tiers[] = { UVM_PT_PACK_TIER_4K_ALL, UVM_PT_PACK_TIER_256, UVM_PT_PACK_TIER_LEAF };
+
+		f = good_facts(tiers[i % 3]);
 		tree_init(i, &f);
 	}
 	pthread_create(&reader, NULL, reader_main, &reads);
@@ -758,14 +777,21 @@ static void unit_predicate(void)
 	unsigned long ps = PAGE_SIZE;
 
 #define EXPECT_REASON(mod, want) do { \
-	f = good_facts(UVM_PT_PACK_TIER_4K); mod; \
+	f = good_facts(UVM_PT_PACK_TIER_4K_ALL); mod; \
 	CHECK(uvm_pt_pack_check(&f) == (want), "predicate", "%s: got %s want %s", #mod, \
 	      uvm_pt_pack_reason_str(uvm_pt_pack_check(&f)), uvm_pt_pack_reason_str(want)); \
 } while (0)
 	EXPECT_REASON((void)0, ps > 4096 ? UVM_PT_PACK_OK : UVM_PT_PACK_R_PAGE_SIZE);
 	EXPECT_REASON(f.tier = UVM_PT_PACK_TIER_256, UVM_PT_PACK_OK);
 	EXPECT_REASON(f.tier = UVM_PT_PACK_TIER_OFF, UVM_PT_PACK_R_DISABLED);
-	EXPECT_REASON(f.tier = 3, UVM_PT_PACK_R_BAD_TIER);
+	EXPECT_REASON(f.tier = 4, UVM_PT_PACK_R_BAD_TIER);
+	EXPECT_REASON(f.tier = UVM_PT_PACK_TIER_LEAF, ps > 4096 ? UVM_PT_PACK_OK : UVM_PT_PACK_R_PAGE_SIZE);
+	EXPECT_REASON((f.tier = UVM_PT_PACK_TIER_LEAF, f.user_tree = false), UVM_PT_PACK_R_KERNEL_TREE);
+	EXPECT_REASON((f.tier = UVM_PT_PACK_TIER_LEAF, f.integrated = 0), UVM_PT_PACK_R_NOT_INTEGRATED);
+	EXPECT_REASON((f.tier = UVM_PT_PACK_TIER_LEAF, f.has_pci_dev = false), UVM_PT_PACK_R_NO_PCI_DEV);
+	/* 4k-all and 256 pack the kernel tree too */
+	EXPECT_REASON((f.tier = 2, f.user_tree = false), UVM_PT_PACK_OK);
+	EXPECT_REASON(f.user_tree = false, ps > 4096 ? UVM_PT_PACK_OK : UVM_PT_PACK_R_PAGE_SIZE);
 	EXPECT_REASON(f.tier = -1, UVM_PT_PACK_R_BAD_TIER);
 	EXPECT_REASON((f.tier = 2, f.has_pci_dev = false), UVM_PT_PACK_R_NO_PCI_DEV);
 	EXPECT_REASON((f.tier = 2, f.no_vidmem = false), UVM_PT_PACK_R_HAS_VIDMEM);
@@ -780,6 +806,7 @@ static void unit_predicate(void)
 	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_OK), "none"), "predicate", "token");
 	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_R_NOT_COHERENT), "not_coherent"), "predicate", "token");
 	CHECK(!strcmp(uvm_pt_pack_reason_str(99), "unknown"), "predicate", "token");
+	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_R_KERNEL_TREE), "kernel_tree"), "predicate", "token");
 }
 
 static void unit_params(void)
@@ -803,11 +830,29 @@ static void unit_params(void)
 	shim_param_set("uvm_pt_pack", "0");
 	read_stats(v, tier, reason);
 	CHECK(!strcmp(tier, "off"), "counters", "tier %s", tier);
-	shim_param_set("uvm_pt_pack", "9");
-	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_OFF, "params", "unknown tier not off");
+	CHECK(shim_param_set("uvm_pt_pack", "3") == 0, "params", "tier 3 refused");
+	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_LEAF, "params", "tier 3");
+	read_stats(v, tier, reason);
+	CHECK(!strcmp(tier, "leaf"), "counters", "tier %s", tier);
+	/* out of range: rejected with a log line, the previous value stays */
+	{
+		static const char *const bad[] = { "9", "4", "-1", "7", "abc", "1x", "" };
+		unsigned int k;
+		long e0 = shim_pr_err_count;
+
+		shim_warn_quiet = 1;
+		for (k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+			CHECK(shim_param_set("uvm_pt_pack", bad[k]) == -EINVAL, "params", "'%s' accepted", bad[k]);
+			CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_LEAF, "params",
+			      "'%s' changed the tier", bad[k]);
+		}
+		shim_warn_quiet = 0;
+		CHECK(shim_pr_err_count - e0 == (long)k, "params", "%ld log lines for %u rejected values",
+		      shim_pr_err_count - e0, k);
+	}
 	shim_param_set("uvm_pt_pack", "1");
 	read_stats(v, tier, reason);
-	CHECK(!strcmp(tier, "4k") && !strcmp(reason, "none"), "counters", "tier %s reason %s", tier, reason);
+	CHECK(!strcmp(tier, "4k-all") && !strcmp(reason, "none"), "counters", "tier %s reason %s", tier, reason);
 	check_counters();
 }
 
@@ -824,7 +869,7 @@ static void unit_zeroed_pool(void)
 	CHECK(!uvm_pt_pack_free(&pool, pg, 0, 256), "zeroed pool", "free");
 	__free_page(pg);
 	CHECK(uvm_pt_pack_pool_empty(&pool), "zeroed pool", "empty");
-	uvm_pt_pack_tree_deinit(&pool);
+	uvm_pt_pack_tree_deinit(&pool, true);
 }
 
 /* Fill one backing page exactly, spill into a second, drain: check get/put counts. */
@@ -915,7 +960,7 @@ static void unit_get_failure(void)
 
 static void unit_misaligned_base(void)
 {
-	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_4K);
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_4K_ALL);
 	struct tree *t = &trees[0];
 	struct table tb;
 	long w0 = shim_warn_count;
@@ -958,9 +1003,10 @@ static void unit_bad_frees(void)
 	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr, 4096), "bad free", "wrong size");
 	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 8, 256), "bad free", "odd address");
 	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 2 * PAGE_SIZE, 256), "bad free", "far address");
-	CHECK(uvm_pt_pack_free(&trees[1].pool, b.page, b.addr, 256), "bad free", "wrong pool");
+	/* another pool does not know the page: not one of its tables (NVIDIA's path in UVM) */
+	CHECK(!uvm_pt_pack_free(&trees[1].pool, b.page, b.addr, 256), "bad free", "wrong pool");
 	pthread_mutex_unlock(&trees[0].lock);
-	CHECK(shim_warn_count - w0 == 4, "warning", "%ld warnings for 4 bad frees", shim_warn_count - w0);
+	CHECK(shim_warn_count - w0 == 3, "warning", "%ld warnings for 3 bad frees", shim_warn_count - w0);
 	/* the slot survived all of that */
 	live[nlive++] = a;
 	live[nlive++] = b;
@@ -970,7 +1016,7 @@ static void unit_bad_frees(void)
 	pthread_mutex_lock(&trees[0].lock);
 	CHECK(uvm_pt_pack_free(&trees[0].pool, a.page, a.addr, 256), "bad free", "double free");
 	pthread_mutex_unlock(&trees[0].lock);
-	CHECK(shim_warn_count - w0 == 5, "warning", "double free not warned about");
+	CHECK(shim_warn_count - w0 == 4, "warning", "double free not warned about");
 	live_remove(0);
 	check_counters();
 	shim_warn_quiet = 0;
@@ -982,15 +1028,21 @@ static void unit_bad_frees(void)
 
 static void unit_unpacked_counters(void)
 {
-	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_4K);
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_4K_ALL);
 
 	f.dma_coherent = false;
 	engine_tree_init(0, &f);
 	f = good_facts(UVM_PT_PACK_TIER_OFF);
 	engine_tree_init(1, &f);
-	check_counters();   /* trees_unpacked 1 (disabled trees are not counted), reason not_coherent */
+	f = good_facts(UVM_PT_PACK_TIER_LEAF);
+	f.user_tree = false;
+	engine_tree_init(2, &f);
+	/* trees_unpacked 1 (disabled trees and, under leaf, the kernel tree are not counted) */
+	check_counters();
+	CHECK(!uvm_pt_pack_active(&trees[2].pool), "predicate", "leaf packs the kernel tree");
 	engine_tree_deinit(0);
 	engine_tree_deinit(1);
+	engine_tree_deinit(2);
 	check_counters();
 }
 
@@ -1005,27 +1057,101 @@ static int run_deinit_warn(void)
 	tree_init(0, &f);
 	CHECK(do_alloc(&trees[0], 5, 256, &tb) == 0, "api", "alloc");
 	CHECK(!uvm_pt_pack_pool_empty(&trees[0].pool), "pool not empty", "empty() with a live table");
-	uvm_pt_pack_tree_deinit(&trees[0].pool);
+	uvm_pt_pack_tree_deinit(&trees[0].pool, true);
 	CHECK(shim_warn_count == w0 + 1, "warning", "deinit of a non-empty pool did not warn");
-	/* the pool leaks by design; clean up behind it so LeakSanitizer stays quiet */
-	free((void *)page_private(tb.page));
-	set_page_private(tb.page, 0);
-	free(tb.page->harness);
-	__free_page(tb.page);
+	CHECK(shim_kmemleak_not_leak_count == 1, "leak", "leaked descriptor not marked for kmemleak");
+	/* the pool leaks by design; trees[] still points at it, so LeakSanitizer stays quiet */
 	printf("deinit-warn: ok\n");
 	return 0;
 }
 
+/*
+ * After a UVM fatal error put_ptes_async() leaves tables in place; the hook
+ * passes expect_empty = false (global status not OK). Then: no WARN (no taint,
+ * no panic_on_warn), one rate-limited log line per tree, pages leaked (never
+ * put), the trees_packed counter balanced. Run on its own: it leaves the
+ * table/page counters dirty, as the leaked memory really is still held.
+ */
+static int run_fatal_teardown(void)
+{
+	/* leaf packs nothing at 4 KiB pages; the 256 tier does */
+	struct uvm_pt_pack_facts f = good_facts(PAGE_SIZE >= 2 * 4096 ? UVM_PT_PACK_TIER_LEAF : UVM_PT_PACK_TIER_256);
+	struct table tb[3];
+	long w0 = shim_warn_count, r0 = shim_pr_warn_rl_count, p0;
+	long long v[NKEYS];
+	char tier[64], reason[64];
+	int i, k;
+
+	shim_warn_quiet = 1;
+	for (i = 0; i < 2; i++) {
+		tree_init(i, &f);
+		for (k = 0; k < 3; k++)
+			CHECK(do_alloc(&trees[i], 5, 256, &tb[k]) == 0, "api", "alloc");
+	}
+	p0 = n_puts;
+	for (i = 0; i < 2; i++) {
+		pthread_mutex_lock(&trees[i].lock);
+		uvm_pt_pack_tree_deinit(&trees[i].pool, false);
+		pthread_mutex_unlock(&trees[i].lock);
+	}
+	CHECK(shim_warn_count == w0, "warning", "fatal-path teardown WARNed (%ld)", shim_warn_count - w0);
+	CHECK(shim_pr_warn_rl_count - r0 == 2, "log", "%ld rate-limited lines for 2 trees",
+	      shim_pr_warn_rl_count - r0);
+	CHECK(n_puts == p0, "released in use", "a page was put while the GPU may walk it");
+	CHECK(shim_kmemleak_not_leak_count == 2, "leak", "leaked descriptors not marked for kmemleak");
+	read_stats(v, tier, reason);
+	CHECK(v[3] == 0, "counters", "trees_packed %lld after teardown", v[3]);
+	CHECK(v[6] == 6 && v[7] == 2 && v[11] == 0, "counters", "leaked tables/pages %lld/%lld, want 6/2", v[6], v[7]);
+	/* leaked by design; still reachable through trees[].pool for LeakSanitizer */
+	shim_warn_quiet = 0;
+	printf("fatal-teardown: ok\n");
+	return 0;
+}
+
+/*
+ * NVIDIA owns page->private of the pages it allocates. Plant stray values
+ * (a wild pointer, a freed descriptor-sized block) in pages of NVIDIA's path
+ * and in a live backing page: frees must route exactly as before. Under ASan
+ * any read through such a value faults.
+ */
+static void unit_stray_private(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct tree *t = &trees[0];
+	struct table a, b, n;
+	void *freed = malloc(256);
+	unsigned long freed_addr = (unsigned long)(uintptr_t)freed;   /* a dangling pointer value */
+
+	free(freed);
+	tree_init(0, &f);
+	CHECK(do_alloc(t, 5, 256, &a) == 0 && a.packed, "api", "alloc");
+	CHECK(shim_last_kzalloc_gfp == (GFP_KERNEL | __GFP_NOMEMALLOC | __GFP_ACCOUNT), "gfp",
+	      "descriptor allocated with gfp %#x", shim_last_kzalloc_gfp);
+	CHECK(do_alloc(t, 5, 256, &b) == 0, "api", "alloc");
+	CHECK(do_alloc(t, 0, 4096, &n) == 0 && !n.packed, "api", "root");
+	set_page_private(n.page, freed_addr);
+	set_page_private(a.page, 0xdead000000000100ul);
+	a.bp->planted = 0xdead000000000100ul;
+	live[nlive++] = a;
+	live[nlive++] = b;
+	live[nlive++] = n;
+	check_counters();
+	engine_tree_deinit(0);   /* frees all three: routing checked in do_free */
+	check_counters();
+}
+
+
+
 static void run_unit(void)
 {
-	static const int tiers[] = { UVM_PT_PACK_TIER_4K, UVM_PT_PACK_TIER_256 };
+	static const int tiers[] = { UVM_PT_PACK_TIER_4K_ALL, UVM_PT_PACK_TIER_256, UVM_PT_PACK_TIER_LEAF };
 	static const u32 sizes[] = { 256, 4096 };
 	int i, j;
 
 	unit_predicate();
 	unit_params();
 	unit_zeroed_pool();
-	for (i = 0; i < 2; i++)
+	for (i = 0; i < 3; i++)
 		for (j = 0; j < 2; j++)
 			unit_fill_drain(tiers[i], sizes[j]);
 	unit_routing();
@@ -1033,6 +1159,7 @@ static void run_unit(void)
 	unit_misaligned_base();
 	unit_bad_frees();
 	unit_unpacked_counters();
+	unit_stray_private();
 	CHECK(shim_pages_live == 0 && bp_n == 0, "leak", "pages left");
 	CHECK(shim_warn_count == 0, "warning", "%ld unexpected warnings", shim_warn_count);
 	printf("unit: page_size=%lu ok\n", PAGE_SIZE);
@@ -1071,6 +1198,8 @@ int main(int argc, char **argv)
 	}
 	if (argc >= 2 && !strcmp(argv[1], "deinit-warn"))
 		return run_deinit_warn();
+	if (argc >= 2 && !strcmp(argv[1], "fatal-teardown"))
+		return run_fatal_teardown();
 	if (argc >= 4 && !strcmp(argv[1], "fuzz")) {
 		long ops = atol(argv[2]);
 		u64 seed = strtoull(argv[3], NULL, 0);
@@ -1091,7 +1220,7 @@ int main(int argc, char **argv)
 		run_stress(atol(argv[2]), strtoull(argv[3], NULL, 0), atoi(argv[4]));
 		return 0;
 	}
-	fprintf(stderr, "usage: %s unit | deinit-warn | fuzz OPS SEED [CHUNK] | stress OPS SEED THREADS\n", argv[0]);
+	fprintf(stderr, "usage: %s unit | deinit-warn | fatal-teardown | fuzz OPS SEED [CHUNK] | stress OPS SEED THREADS\n", argv[0]);
 	return 2;
 }
 #endif

@@ -15,11 +15,16 @@
  * invalidation and mapped_cpu_pages_size accounting all stay NVIDIA's.
  *
  * Tiers (module parameter uvm_pt_pack, read when a tree is initialised):
- *   0 OFF : every table takes NVIDIA's path.
- *   1 4K  : default. 4096 B tables and 256 B tables each in a 4 KiB-aligned
- *           slot (16 per 64 KiB page): parity with a stock 4 KiB kernel.
- *   2 256 : opt-in, not validated on hardware. 256 B tables at 256 B
- *           granularity (256 per 64 KiB page); 4096 B tables in 4 KiB slots.
+ *   0 OFF    : every table takes NVIDIA's path.
+ *   1 4K_ALL : opt-in ("4k-all"). 4096 B tables and 256 B tables of every
+ *              tree (the kernel tree too) each in a 4 KiB-aligned slot
+ *              (16 per 64 KiB page): parity with a stock 4 KiB kernel.
+ *   2 256    : opt-in, not validated on hardware. 256 B tables at 256 B
+ *              granularity (256 per 64 KiB page); 4096 B tables in 4 KiB slots.
+ *   3 LEAF   : default ("leaf"), the scope validated on GB10 hardware by the
+ *              seed project: only 256 B tables (64K-page PTE tables, depth 5)
+ *              of USER trees, each in a 4 KiB-aligned slot. Directories,
+ *              4 KiB tables and UVM's kernel tree take NVIDIA's path.
  * The root table (depth 0) is never packed: RM takes its page directly.
  *
  * Lifetime and locking contract for the hooks (one pool per page tree):
@@ -33,11 +38,15 @@
  *   - uvm_pt_pack_free(): called WITH tree->lock held, after the tree tracker
  *     wait (the slot is GPU-idle). It may call ops->put() for a backing page
  *     that became empty (still under tree->lock, as NVIDIA's free path is).
- *   - uvm_pt_pack_tree_deinit(): after the last table (and the root) is freed;
- *     warns if the pool is not empty.
- *   - The pool records its descriptor in page->private of each backing page
- *     (pages fresh from alloc_pages() have private == 0; the pool clears it
- *     before ops->put()). Hooks must not use page->private of these pages.
+ *   - uvm_pt_pack_tree_deinit(pool, expect_empty): after the last table (and
+ *     the root) is freed. A non-empty pool is a bug (WARN) when expect_empty;
+ *     when not (UVM's global status is an error: put_ptes_async() leaves
+ *     tables in place after a fatal error) it logs one rate-limited line.
+ *     Either way the leftover pages are leaked, never freed under a GPU that
+ *     may still walk them.
+ *   - Ownership is recorded only in the pool's own descriptors (a per-pool
+ *     hash keyed by the struct page pointer). The pool never reads or writes
+ *     any field of a struct page (page->private stays NVIDIA's).
  *   - pool->lock is a leaf spinlock ordered after tree->lock. The pool never
  *     allocates, DMA-maps, calls a callback or waits while holding it.
  */
@@ -50,13 +59,15 @@
 
 struct page;
 
-#define UVM_PT_PACK_FORMAT   1                  /* counters text format */
+#define UVM_PT_PACK_FORMAT   2                  /* counters text format (README) */
 #define UVM_PT_PACK_ID       "uvm-pt-pack/1"    /* MODULE_INFO(spark_memsaver, ...) */
 
 enum uvm_pt_pack_tier {
-	UVM_PT_PACK_TIER_OFF = 0,
-	UVM_PT_PACK_TIER_4K  = 1,
-	UVM_PT_PACK_TIER_256 = 2,
+	UVM_PT_PACK_TIER_OFF    = 0,
+	UVM_PT_PACK_TIER_4K_ALL = 1,
+	UVM_PT_PACK_TIER_256    = 2,
+	UVM_PT_PACK_TIER_LEAF   = 3,
+	UVM_PT_PACK_TIER_NR
 };
 
 /* Why a tree is (not) packed. Stable short tokens: uvm_pt_pack_reason_str(). */
@@ -70,6 +81,7 @@ enum uvm_pt_pack_reason {
 	UVM_PT_PACK_R_NOT_SYSMEM,     /* "not_sysmem"    tree location is not SYS */
 	UVM_PT_PACK_R_NOT_COHERENT,   /* "not_coherent"  !dev_is_dma_coherent() */
 	UVM_PT_PACK_R_PAGE_SIZE,      /* "page_size"     tier saves nothing at PAGE_SIZE */
+	UVM_PT_PACK_R_KERNEL_TREE,    /* "kernel_tree"   leaf tier: UVM's kernel tree (not counted) */
 	UVM_PT_PACK_R_NR
 };
 
@@ -81,6 +93,7 @@ struct uvm_pt_pack_facts {
 	int integrated;         /* 1: is_integrated_gpu, 0: not, -1: branch has no such field */
 	bool sysmem_tree;       /* tree->location == UVM_APERTURE_SYS */
 	bool dma_coherent;      /* dev_is_dma_coherent(&pci_dev->dev); false if no pci_dev */
+	bool user_tree;         /* tree->type == UVM_PAGE_TREE_TYPE_USER */
 	unsigned long page_size;/* PAGE_SIZE */
 };
 
@@ -114,9 +127,14 @@ struct uvm_pt_pack_class {
 	unsigned long pages;        /* backing pages held by this class */
 };
 
+struct pt_pack_backing;
+#define UVM_PT_PACK_HASH_BITS 6
+
 /* Per-tree pool; embed it in uvm_page_tree_t. Fields are private to uvm_pt_pack.c. */
 struct uvm_pt_pack_pool {
 	spinlock_t lock;
+	/* every backing page of this pool, by struct page pointer (ownership) */
+	struct pt_pack_backing *hash[1u << UVM_PT_PACK_HASH_BITS];
 	int tier;                   /* UVM_PT_PACK_TIER_OFF => inactive */
 	int state;                  /* 0 never initialised (zero-filled), else counted state */
 	const struct uvm_pt_pack_ops *ops;
@@ -127,7 +145,7 @@ struct uvm_pt_pack_pool {
 /* Return value of uvm_pt_pack_alloc() when the table must take NVIDIA's path. */
 #define UVM_PT_PACK_NOT_PACKED 1
 
-/* The module parameter uvm_pt_pack, clamped to a known tier (unknown => OFF). */
+/* The module parameter uvm_pt_pack (the set callback admits only 0..3). */
 int uvm_pt_pack_requested_tier(void);
 
 /* Pure predicate: every condition required; no side effects. */
@@ -171,7 +189,11 @@ bool uvm_pt_pack_free(struct uvm_pt_pack_pool *pool, struct page *page, u64 gpu_
 /* True if the pool holds no table and no backing page. */
 bool uvm_pt_pack_pool_empty(const struct uvm_pt_pack_pool *pool);
 
-/* Tear down at the end of uvm_page_tree_deinit(); WARNs if not empty. */
-void uvm_pt_pack_tree_deinit(struct uvm_pt_pack_pool *pool);
+/*
+ * Tear down at the end of uvm_page_tree_deinit(). expect_empty: pass
+ * uvm_global_get_status() == NV_OK. A non-empty pool WARNs when expect_empty,
+ * else logs a rate-limited line; leftover pages are leaked either way.
+ */
+void uvm_pt_pack_tree_deinit(struct uvm_pt_pack_pool *pool, bool expect_empty);
 
 #endif /* _UVM_PT_PACK_H */

@@ -6,6 +6,42 @@
 long shim_warn_count;
 long shim_pages_live;
 int shim_warn_quiet;
+long shim_pr_err_count, shim_pr_warn_rl_count, shim_kmemleak_not_leak_count;
+unsigned int shim_last_kzalloc_gfp;
+
+void shim_log(long *counter, const char *fmt, ...)
+{
+	va_list ap;
+
+	__atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
+	if (shim_warn_quiet)
+		return;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+}
+
+int kstrtoint(const char *s, unsigned int base, int *res)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, (int)base);
+	if (end == s || errno || v < -2147483648L || v > 2147483647L)
+		return -EINVAL;
+	if (*end == '\n')
+		end++;
+	if (*end)
+		return -EINVAL;
+	*res = (int)v;
+	return 0;
+}
+
+int param_get_int(char *buffer, const struct kernel_param *kp)
+{
+	return scnprintf(buffer, 4096, "%d\n", *(int *)kp->arg);
+}
 
 void shim_warn(const char *cond, const char *file, int line)
 {

@@ -35,6 +35,9 @@ typedef int64_t s64;
 typedef unsigned int gfp_t;
 #define GFP_KERNEL 0x1u
 #define __GFP_ZERO 0x2u
+#define __GFP_NOMEMALLOC 0x4u
+#define __GFP_ACCOUNT 0x8u
+extern unsigned int shim_last_kzalloc_gfp;   /* flags of the last kzalloc() */
 
 #define READ_ONCE(x) (*(const volatile __typeof__(x) *)&(x))
 #define WRITE_ONCE(x, v) (*(volatile __typeof__(x) *)&(x) = (v))
@@ -46,6 +49,22 @@ void shim_bug(const char *cond, const char *file, int line) __attribute__((noret
 #define WARN_ON(c) ({ int __c = !!(c); if (__c) shim_warn(#c, __FILE__, __LINE__); __c; })
 #define WARN_ON_ONCE(c) WARN_ON(c)
 #define BUG_ON(c) do { if (c) shim_bug(#c, __FILE__, __LINE__); } while (0)
+#define WARN(c, ...) ({ int __c = !!(c); if (__c) { shim_warn(#c, __FILE__, __LINE__); \
+	if (!shim_warn_quiet) fprintf(stderr, __VA_ARGS__); } __c; })
+
+/* ---- printk: counted per level; the ratelimited variant counts as its own level ---- */
+extern int shim_warn_quiet;
+extern long shim_pr_err_count, shim_pr_warn_rl_count;
+void shim_log(long *counter, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define pr_err(...) shim_log(&shim_pr_err_count, __VA_ARGS__)
+#define pr_warn_ratelimited(...) shim_log(&shim_pr_warn_rl_count, __VA_ARGS__)
+
+/* ---- kmemleak: records how many objects were marked ---- */
+extern long shim_kmemleak_not_leak_count;
+#define kmemleak_not_leak(p) ((void)(p), (void)__atomic_add_fetch(&shim_kmemleak_not_leak_count, 1, __ATOMIC_RELAXED))
+
+/* ---- kstrtoint (strict: whole string, optional trailing newline) ---- */
+int kstrtoint(const char *s, unsigned int base, int *res);
 
 /* ---- lists ---- */
 struct list_head { struct list_head *next, *prev; };
@@ -103,7 +122,8 @@ static inline unsigned long find_first_zero_bit(const unsigned long *map, unsign
 }
 
 /* ---- slab ---- */
-static inline void *kzalloc(size_t n, gfp_t f) { (void)f; return calloc(1, n); }
+static inline void *kzalloc(size_t n, gfp_t f)
+{ __atomic_store_n(&shim_last_kzalloc_gfp, f, __ATOMIC_RELAXED); return calloc(1, n); }
 static inline void kfree(const void *p) { free((void *)p); }
 
 /* ---- pages ---- */
@@ -137,6 +157,7 @@ struct kernel_param {
 	void *arg;
 	int *intp;              /* module_param(name, int, perm) */
 };
+int param_get_int(char *buffer, const struct kernel_param *kp);
 void shim_register_param(const char *name, const struct kernel_param_ops *ops, void *arg,
 			 int *intp, unsigned short perm);
 void shim_register_modinfo(const char *tag, const char *value);
