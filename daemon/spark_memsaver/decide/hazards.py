@@ -253,7 +253,7 @@ def content_verdict(sig: Signature, text: str, page_size: int) -> ContentVerdict
         return ContentVerdict(NOT_AFFECTED, (
             f"this tree keeps only {_kib(_lowbit(ref_bytes))} alignment for {sig.macro} on "
             f"{_kib(sig.reference_page_size)} kernels, so it does not rely on {_kib(sig.alignment)} "
-            f"alignment (as drivers before 590.44.01)"), details)
+            f"alignment (as in older drivers)"), details)
     if node_bytes % sig.alignment == 0:
         return ContentVerdict(NOT_AFFECTED, (
             f"this tree keeps {_kib(sig.alignment)} alignment for {sig.macro} at {_kib(page_size)} "
