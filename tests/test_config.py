@@ -12,7 +12,8 @@ from tests.test_status import cli, REPO
 
 def test_defaults_without_file(tmp_path):
     c = cfg.load(root=str(tmp_path))
-    assert (c.kernels, c.tier, c.interval, c.prometheus_textfile) == ("64k-only", "4k", 60, None)
+    # the default tier is "leaf" since the tier vocabulary of decide/policy.py (0.1.0: "4k", now "4k-all")
+    assert (c.kernels, c.tier, c.interval, c.prometheus_textfile) == ("64k-only", "leaf", 60, None)
     assert c.source == "defaults"
 
 
@@ -26,7 +27,7 @@ def test_shipped_file_parses_to_defaults():
 
 @pytest.mark.parametrize("text,key,expected", [
     ("kernels: 4k-only\n", "kernels", "one of: 64k-only, all"),
-    ("tier: 512\n", "tier", "one of: 4k, 256"),
+    ("tier: 512\n", "tier", "one of: leaf, 4k-all, 256"),   # 0.1.0's list was "4k, 256"
     ("interval: fast\n", "interval", "integer number of seconds"),
     ("interval: 1\n", "interval", "between 5 and 86400"),
     ("interval: true\n", "interval", "integer"),
@@ -102,3 +103,17 @@ def test_config_show_json(tmp_path):
     import json
     d = json.loads(r.stdout)
     assert d["kernels"] == "all" and d["interval"] == 30 and d["source"] == str(p)
+
+
+def test_old_tier_name_still_works_and_says_it_was_renamed(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("tier: 4k\n")
+    c = cfg.load(str(p))
+    assert c.tier == "4k-all" and c.notes and "old name of '4k-all'" in c.notes[0] and str(p) in c.notes[0]
+    from spark_memsaver.decide import policy
+    assert policy.tier_value(c.tier) == 1 and policy.tier_value("4k") == 1
+    assert (policy.tier_value("leaf"), policy.tier_value("256")) == (3, 2)
+    r = cli("--config", str(p), "status", "--json")
+    import json
+    doc = json.loads(r.stdout)
+    assert "config-renamed" in [f["code"] for f in doc.get("findings", [])], doc.get("findings")

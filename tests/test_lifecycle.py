@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from spark_memsaver.host import intents
-from spark_memsaver.act import lifecycle
+from spark_memsaver.act import activate as act_activate, executor, steps as act_steps
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.config import Config
@@ -431,24 +431,24 @@ def test_corrupt_record_is_set_aside_not_trusted(tmp_path):
     good, bad = intents.list_intents(h)
     assert good == [] and bad == ["/var/lib/spark-memsaver/intents/build-x.json"]
     steps = rc.plan(snap(kern(ours="550.163.01"), unreadable=bad), CFG, SUPPORT)
-    lifecycle.execute(h, CFG, [s for s in steps if s.action == "drop-record"], {})
+    act_steps.execute(h, CFG, [s for s in steps if s.action == "drop-record"], {})
     assert not (d / "build-x.json").exists() and (d / "build-x.json.corrupt").exists()
     assert intents.list_intents(h) == ([], [])
 
 
 def test_lock_serializes_processes(tmp_path):
     h = Host(tmp_path)
-    code = ("import sys,time; sys.path.insert(0,%r); from spark_memsaver.act import lifecycle; from spark_memsaver.host "
-            "import Host\nwith lifecycle.locked(Host(%r)):\n    print('held', flush=True); time.sleep(3)"
+    code = ("import sys,time; sys.path.insert(0,%r); from spark_memsaver.act import executor; from spark_memsaver.host "
+            "import Host\nwith executor.locked(Host(%r)):\n    print('held', flush=True); time.sleep(3)"
             % (str(REPO / "daemon"), str(tmp_path)))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     from spark_memsaver.errors import Busy
     with pytest.raises(Busy):
-        with lifecycle.locked(h, wait=0.5):
+        with executor.locked(h, wait=0.5):
             pass
     t0 = time.monotonic()
-    with lifecycle.locked(h, wait=30):
+    with executor.locked(h, wait=30):
         waited = time.monotonic() - t0
     p.wait(10)
     assert waited > 0.5
@@ -459,18 +459,18 @@ def test_dpkg_lock_is_seen_without_taking_it(tmp_path):
     lock.parent.mkdir(parents=True)
     lock.write_text("")
     h = Host(tmp_path)
-    assert lifecycle.dpkg_running(h) is None
+    assert executor.dpkg_running(h) is None
     code = ("import fcntl,os,time,sys; fd=os.open(%r, os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX); "
             "print('locked', flush=True); time.sleep(30)" % str(lock))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "locked"       # dpkg takes its locks with fcntl(F_SETLK)
-        assert lifecycle.dpkg_running(h) == p.pid
-        assert lifecycle.dpkg_running(h) == p.pid            # asking twice: we never took the lock
+        assert executor.dpkg_running(h) == p.pid
+        assert executor.dpkg_running(h) == p.pid            # asking twice: we never took the lock
     finally:
         p.kill()
         p.wait()
-    assert lifecycle.dpkg_running(h) is None
+    assert executor.dpkg_running(h) is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -682,14 +682,14 @@ def holders_file(tmp_path):
 def test_activation_refused_while_real_processes_hold_the_device(tmp_path, holders_file):
     dev, procs = holders_file
     root = sparkroot.make_spark_root(tmp_path / "root", uvm_loaded="stock", ours_installed="580.142")
-    doc = lifecycle.activate(Host(root), CFG, uvm_device=str(dev), proc_host=Host("/"))
+    doc = executor.perform("activate", Host(root), CFG, uvm_device=str(dev), proc_host=Host("/"))
     assert doc["activated"] is False and doc["at_next_boot"] is True
     assert sorted(h["pid"] for h in doc["holders"]) == sorted(pr.pid for pr in procs)
     assert "next boot" in doc["message"] and "python3" in doc["message"]
     for pr in procs:
         pr.kill()
         pr.wait()
-    doc = lifecycle.activate(Host(root), CFG, uvm_device=str(dev), proc_host=Host("/"))
+    doc = executor.perform("activate", Host(root), CFG, uvm_device=str(dev), proc_host=Host("/"))
     assert doc["would_run"] == [["modprobe", "-r", "nvidia_uvm"], ["modprobe", "nvidia_uvm"]]
     assert doc["expect_srcversion"] == sparkroot.OURS_UVM_SRCVERSION
     assert not any("-f" in c or "--force" in c for cmd in doc["would_run"] for c in cmd)
@@ -699,13 +699,13 @@ def test_activation_refusals(tmp_path):
     from spark_memsaver.errors import SafetyRefusal
     stock = sparkroot.make_spark_root(tmp_path / "a", uvm_loaded="stock")
     with pytest.raises(SafetyRefusal, match="not selected"):
-        lifecycle.activate(Host(stock), CFG)
+        executor.perform("activate", Host(stock), CFG)
     other = sparkroot.make_spark_root(tmp_path / "b", loaded_driver="580.95.05", uvm_loaded="stock",
                                       ours_installed="580.142")
-    with pytest.raises(lifecycle.ActivationRefused, match="loaded nvidia is 580.95.05"):
-        lifecycle.activate(Host(other), CFG)
+    with pytest.raises(act_activate.ActivationRefused, match="loaded nvidia is 580.95.05"):
+        executor.perform("activate", Host(other), CFG)
     active = sparkroot.make_spark_root(tmp_path / "c", uvm_loaded="ours", ours_installed="580.142")
-    assert lifecycle.activate(Host(active), CFG)["already"] is True
+    assert executor.perform("activate", Host(active), CFG)["already"] is True
 
 
 def test_cli_activate_and_reconcile_dry_run_json(tmp_path):

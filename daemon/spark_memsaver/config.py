@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .errors import ConfigError
+from .decide import policy
 
 DEFAULT_PATH = "/etc/spark-memsaver/config.yaml"
 ENV_VAR = "SPARK_MEMSAVER_CONFIG"
@@ -20,8 +21,9 @@ ENV_VAR = "SPARK_MEMSAVER_CONFIG"
 class Config:
     # Which kernels we build for: "64k-only" (arm64 with CONFIG_ARM64_64K_PAGES) or "all".
     kernels: str = "64k-only"
-    # Packing tier: "4k" (4 KiB slots, default) or "256" (256 B slots; opt-in, not hardware-validated).
-    tier: str = "4k"
+    # Packing tier (decide/policy.py): "leaf" (default, the hardware-validated scope), "4k-all" or "256"
+    # (opt-in, not validated on hardware). The old name "4k" is read as "4k-all".
+    tier: str = "leaf"
     # Monitoring sample interval in seconds.
     interval: int = 60
     # Path of a Prometheus textfile (node_exporter textfile collector); None = off.
@@ -35,6 +37,8 @@ class Config:
     history_size: int = 1440
     # Where this config came from ("defaults" or a path).
     source: str = field(default="defaults", compare=False)
+    # Notes about the file that are not errors (an old tier name, ...): shown as info findings.
+    notes: tuple = field(default=(), compare=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,8 +46,9 @@ class Config:
 
 # key -> (type(s), validator or None, description of what is expected)
 _SCHEMA = {
-    "kernels": (str, lambda v: v in ("64k-only", "all"), "one of: 64k-only, all"),
-    "tier": ((str, int), lambda v: str(v) in ("4k", "256"), "one of: 4k, 256"),
+    "kernels": (str, lambda v: v in policy.KERNEL_POLICIES, "one of: " + ", ".join(policy.KERNEL_POLICIES)),
+    "tier": ((str, int), lambda v: str(v) in policy.TIERS or str(v) in policy.RENAMED,
+             "one of: " + policy.tier_values_text()),
     "interval": (int, lambda v: 5 <= v <= 86400, "an integer number of seconds between 5 and 86400"),
     "prometheus_textfile": ((str, type(None)), lambda v: v is None or v.startswith("/"),
                             "an absolute path, or null to disable"),
@@ -69,6 +74,7 @@ def parse(text: str, source: str) -> Config:
         raise ConfigError(f"{source}: expected a mapping of keys to values at the top level, "
                           f"found {type(data).__name__}")
     values = {}
+    notes = []
     for key, value in data.items():
         if key not in _SCHEMA:
             known = ", ".join(sorted(_SCHEMA))
@@ -78,8 +84,13 @@ def parse(text: str, source: str) -> Config:
             raise ConfigError(f"{source}: key '{key}' must be {expected}, got {value!r}")
         if not isinstance(value, types) or (ok is not None and not ok(value)):
             raise ConfigError(f"{source}: key '{key}' must be {expected}, got {value!r}")
-        values[key] = str(value) if key == "tier" else value
-    return Config(source=source, **values)
+        if key == "tier":
+            note = policy.tier_renamed(value)
+            if note:
+                notes.append(f"{source}: {note}")
+            value = policy.normalize_tier(value)
+        values[key] = value
+    return Config(source=source, notes=tuple(notes), **values)
 
 
 def load(path: str | None = None, root: str = "/") -> Config:

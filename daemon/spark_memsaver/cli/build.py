@@ -1,11 +1,13 @@
-"""CLI: build, install and remove (click commands only; the work is done in spark_memsaver.act.dkms)."""
+"""CLI: build, install and remove (click commands only; the work is done by act/executor.perform)."""
 
 from __future__ import annotations
 
 import click
 import json
 import sys
-from spark_memsaver.act.dkms import (PACKAGE, build, install, remove)
+import os
+
+from spark_memsaver.act.dkms import PACKAGE
 from spark_memsaver.errors import MemsaverError
 
 
@@ -33,19 +35,34 @@ class _Line:
             sys.stderr.write("\n")
 
 
-def _run_cli(obj, fn, as_json: bool, **kw):
-    from spark_memsaver.cli import client
+def act(obj, op: str, progress, **kw) -> dict:
+    """The one decision of every mutating command: root, or another root (--root) -> executor.perform here;
+    a non-root user on the live system -> spark-memsaverd (polkit decides), or perform (which refuses with
+    a named error) when no daemon runs. ``_local_only`` (e.g. build --force) never goes to the daemon."""
+    from spark_memsaver.act import executor
 
+    local_only = kw.pop("_local_only", False)
+    if obj.host.is_live and os.geteuid() != 0 and not local_only:
+        from spark_memsaver.cli import client
+        method = {"build": "Build", "install": "Install", "remove": "Remove", "rollback": "Rollback",
+                  "activate": "Activate", "reconcile": "Reconcile"}[op]
+        doc = client.act_unprivileged(obj.host, method, progress=progress,
+                                      **{k: v for k, v in kw.items() if v not in (None, False)})
+        if doc is not None:
+            return doc
+    return executor.perform(op, obj.host, obj.config, progress=progress, **kw)
+
+
+def _run_cli(obj, op: str, as_json: bool, **kw):
     line = _Line(not as_json)
     try:
-        method = {build: "Build", install: "Install", remove: "Remove"}[fn]
-        remote = {k: v for k, v in kw.items() if k != "force" and v not in (None, False)}
-        doc = client.act_unprivileged(obj.host, method, progress=line, **remote) if not kw.get("force") else None
-        if doc is None:
-            doc = fn(obj.host, obj.config, progress=line, **kw)
+        if kw.get("force"):
+            kw["_local_only"] = True
+        else:
+            kw.pop("force", None)
+        return act(obj, op, line, **kw)
     finally:
         line.done()
-    return doc
 
 
 def hazard_notes(host) -> list[dict]:
@@ -74,7 +91,7 @@ def register(cli) -> None:
     @click.pass_obj
     def build_cmd(obj, kernel, driver, force, as_json):
         """Build the patched nvidia-uvm with DKMS for a kernel (signs it; does not install)."""
-        doc = _run_cli(obj, build, as_json, kernel=kernel, driver_version=driver, force=force)
+        doc = _run_cli(obj, "build", as_json, kernel=kernel, driver_version=driver, force=force)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:
@@ -100,7 +117,7 @@ def register(cli) -> None:
     @click.pass_obj
     def install_cmd(obj, kernel, all_kernels, as_json):
         """Build if needed and install the override; verify it is the selected nvidia-uvm."""
-        doc = _run_cli(obj, install, as_json, kernel=kernel, all_kernels=all_kernels)
+        doc = _run_cli(obj, "install", as_json, kernel=kernel, all_kernels=all_kernels)
         doc["notes"] = hazard_notes(obj.host)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
@@ -119,7 +136,7 @@ def register(cli) -> None:
     @click.pass_obj
     def remove_cmd(obj, kernel, all_kernels, as_json):
         """Remove the override; restore and verify the stock nvidia-uvm."""
-        doc = _run_cli(obj, remove, as_json, kernel=kernel, all_kernels=all_kernels)
+        doc = _run_cli(obj, "remove", as_json, kernel=kernel, all_kernels=all_kernels)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:

@@ -1,4 +1,4 @@
-"""CLI: activate, rollback and reconcile (click commands only; the work is done in spark_memsaver.act.lifecycle)."""
+"""CLI: activate, rollback and reconcile (click commands only; the work is done by act/executor.perform)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from spark_memsaver.host import intents
 import json
 import os
 import sys
-from spark_memsaver.act.lifecycle import (activate, apt_pre_install, reconcile, rollback)
+from spark_memsaver.act.executor import perform
+from spark_memsaver.cli.build import act
 
 
 def _emit(doc: dict, as_json: bool, lines: list[str]) -> None:
@@ -56,7 +57,7 @@ def register(root) -> None:
             fd = int(os.environ.get("APT_HOOK_INFO_FD", "0") or 0)
             text = os.fdopen(os.dup(fd), errors="replace").read() if fd else sys.stdin.read()
             try:
-                doc = apt_pre_install(obj.host, obj.config, text, say)
+                doc = perform("apt-pre-install", obj.host, obj.config, progress=say, text=text)
             except MemsaverError as e:  # never abort APT: the post step, the daemon and the guard follow
                 doc = {"ok": False, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver: pre-install check failed: {e.message}", err=True)
@@ -65,7 +66,7 @@ def register(root) -> None:
             return 0
         if hook:
             try:
-                doc = reconcile(obj.host, obj.config, say, inside_dpkg=True)
+                doc = perform("reconcile", obj.host, obj.config, progress=say, inside_dpkg=True)
             except MemsaverError as e:
                 doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver ({hook}): {e.message}", err=True)
@@ -74,8 +75,8 @@ def register(root) -> None:
             shown = [x for x in doc["steps"] if x["action"] in rc.ACTING or x["action"] == "stay-stock"]
             _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + _step_lines(shown)) if shown else [])
             return 0
-        doc = reconcile(obj.host, obj.config, say, kernels=list(kernels) or None,
-                        rebuild=False if no_rebuild else None, dry_run=dry_run)
+        doc = perform("reconcile", obj.host, obj.config, progress=say, kernels=list(kernels) or None,
+                      rebuild=False if no_rebuild else None, dry_run=dry_run)
         from spark_memsaver.cli.build import hazard_note_lines, hazard_notes
         doc["notes"] = hazard_notes(obj.host)
         _emit(doc, as_json, (["plan (dry run):"] if dry_run else ["reconcile:"]) + _step_lines(doc["steps"])
@@ -89,13 +90,9 @@ def register(root) -> None:
     @click.pass_obj
     def rollback_cmd(obj, as_json, kernel, reason):
         """Return to the stock nvidia-uvm (verified) and record why; status then says rolled-back."""
-        from spark_memsaver.cli import client
-
-        doc = None if kernel else client.act_unprivileged(obj.host, "Rollback", reason=reason,
-                                                          progress=None if as_json else progress)
-        if doc is None:
-            doc = rollback(obj.host, obj.config, reason=reason, progress=None if as_json else progress,
-                           kernel=kernel)
+        # the D-Bus Rollback takes no kernel: a rollback of one kernel is done here (root) or refused
+        doc = act(obj, "rollback", None if as_json else progress, reason=reason, kernel=kernel,
+                  _local_only=bool(kernel))
         lines = ["nothing to roll back: the stock nvidia-uvm is selected"] if doc["nothing_to_do"] else \
             [f"{d['kernel']}: {'stock selected' if d['ok'] else 'FAILED: ' + d['error']['message']}"
              for d in doc["kernels"]]
@@ -109,12 +106,7 @@ def register(root) -> None:
     def activate_cmd(obj, as_json, dry_run):
         """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).
         Exit 0 active, 1 refused or deferred to next boot, 3 failed."""
-        from spark_memsaver.cli import client
-
-        doc = None if dry_run else client.act_unprivileged(obj.host, "Activate",
-                                                           progress=None if as_json else progress)
-        if doc is None:
-            doc = activate(obj.host, obj.config, None if as_json else progress, dry_run=dry_run)
+        doc = act(obj, "activate", None if as_json else progress, dry_run=dry_run, _local_only=dry_run)
         if doc.get("activated"):
             lines = [f"active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
         elif doc.get("dry_run"):

@@ -5,11 +5,12 @@ Input: a snapshot (observe.snapshot), the config, the manifest's verdict per dri
 optionally the intent/rollback records (they are in the snapshot's ``records``). Output: a plan, an
 ordered list of steps that lifecycle.py executes through dkms.py.
 
-The path a newcomer looks for, "driver upgrade -> rollback":
-  apt (systemd/apt/) or dpkg trigger (systemd/dpkg/) or the daemon at start
-    -> lifecycle.reconcile() -> reconcile.plan()   [this module: decides]
-    -> lifecycle.execute()   -> dkms.remove()/build()/install()   [acts]
-    -> intents.write_rollback()  -> status shows `rolled-back` with the reason (decide.py)
+The path a newcomer looks for, "driver upgrade -> rollback" (5 modules):
+  apt (systemd/apt/) or dpkg trigger (systemd/dpkg/) or the daemon -> cli/lifecycle.py (click) or service/
+    -> act/executor.py perform("apt-pre-install" | "reconcile")   [lock, intent, act, verify, record]
+    -> decide/plan.py plan() / pre_install_plan()                  [this module: decides]
+    -> act/steps.py execute() -> act/dkms.py remove()/build()/install()   [acts]
+    -> decide/status.py: status shows `rolled-back` with the reason from the rollback record
 and, independent of all of them at module load time, systemd/guard/uvm-guard (docs/lifecycle.md).
 
 Order of a plan: recover interrupted operations first, then every safety removal (a selected override
@@ -25,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
 from spark_memsaver.errors import UsageError
-from spark_memsaver.decide.status import kernel_in_policy
+from spark_memsaver.decide import policy
+from spark_memsaver.decide.policy import kernel_in_policy
 
 # Secure Boot states in which a module we sign will load (same as decide.SB_LOADABLE).
 SB_LOADABLE = ("not-needed", "enrolled")
@@ -53,7 +55,7 @@ class Step:
 # Actions that change the system (the rest only explain).
 ACTING = ("undo-intent", "finish-intent", "clear-intent", "drop-record", "remove-override",
           "record-rollback", "clear-rollback", "build-install", "reload-uvm")
-INFO = ("ok", "stay-stock", "blocked")
+INFO = ("ok", "stay-stock", "blocked", "config-changed")
 
 
 def base_version(v: str | None) -> str | None:
@@ -177,10 +179,15 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel['error']}"))
             continue
         if ours and built_for and nv and built_for == nv and rel not in undone:
-            steps.append(Step("ok", rel, f"our nvidia-uvm for {nv} is selected beside nvidia.ko {nv}",
-                              driver_to=nv))
             if rb:
                 records_out.append(Step("clear-rollback", rel, "the patched module is back", driver_to=nv))
+            changed = config_change(k, snap, config, support, rebuild)
+            if changed is None:
+                steps.append(Step("ok", rel, f"our nvidia-uvm for {nv} is selected beside nvidia.ko {nv}",
+                                  driver_to=nv))
+            else:
+                (removals if changed.action == "remove-override" else
+                 builds if changed.action == "build-install" else steps).append(changed)
             continue
         removed_reason = None
         if ours and not (built_for and built_for == nv):
@@ -236,6 +243,41 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
     recover = [s for s in steps if s.action in ACTING]
     info = [s for s in steps if s.action in INFO]
     return recover + removals + records_out + builds + info
+
+
+def build_record(snap: dict, kernel: str) -> dict | None:
+    return next((b for b in (snap.get("records") or {}).get("builds", []) or []
+                 if isinstance(b, dict) and b.get("kernel") == kernel), None)
+
+
+def config_change(k: dict, snap: dict, config: Config, support: dict, rebuild: bool) -> Step | None:
+    """For a kernel whose override is consistent: the step a configuration change since its build calls
+    for (rebuild, removal when the kernel left the policy, or an explanation), else None."""
+    rel = k["release"]
+    nv = base_version((k.get("nvidia_selected") or {}).get("version"))
+    diff = policy.settings_changed(build_record(snap, rel), config)
+    if not diff:
+        return None
+    what = ", ".join(diff)
+    ok, why_policy = kernel_in_policy(k, config)
+    if not ok:
+        if rebuild:
+            return Step("remove-override", rel, f"configuration changed since the build ({what}): {why_policy}",
+                        driver_from=nv, driver_to=nv, code="config-changed")
+        return Step("config-changed", rel, f"configuration changed since the build ({what}): {why_policy}; "
+                    "automatic builds are off (auto_build: false)", driver_to=nv, code="config-changed",
+                    remedy=f"spark-memsaver remove --kernel {rel}")
+    why = why_not_build(k, snap, config, support)
+    if why is None and rebuild:
+        return Step("build-install", rel, f"configuration changed since the build ({what}); rebuilding",
+                    driver_from=nv, driver_to=nv, code="config-changed")
+    return Step("config-changed", rel, f"configuration changed since the build ({what}); "
+                + (why or "automatic builds are off (auto_build: false)"), driver_to=nv, code="config-changed",
+                remedy=rebuild_command(rel))
+
+
+def rebuild_command(kernel: str) -> str:
+    return f"spark-memsaver build --kernel {kernel} --force && spark-memsaver install --kernel {kernel}"
 
 
 def _rollback_code(why: str) -> str:

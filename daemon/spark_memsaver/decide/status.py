@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
+from spark_memsaver.decide import policy
+from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the one policy; old import path)
 from spark_memsaver.decide.hazards import findings_from_inputs
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
@@ -40,15 +42,29 @@ class Verdict:
         return any(f.severity in ("warning", "error") for f in self.findings)
 
 
-def kernel_in_policy(kernel: dict, config: Config) -> tuple[bool, str]:
-    """Whether our policy builds for this kernel, and why not."""
-    if config.kernels == "all":
-        return True, ""
-    if kernel.get("page_size") == 65536:
-        return True, ""
-    ps = kernel.get("page_size")
-    what = f"{ps // 1024} KiB pages" if ps else "an unknown page size"
-    return False, f"kernel {kernel['release']} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels"
+def config_changed(snap: dict, config: Config) -> list[Finding]:
+    """A kernel whose installed build was made with another tier or kernel policy than the config's now."""
+    from spark_memsaver.decide.plan import build_record, rebuild_command
+    out = []
+    for k in snap.get("kernels", []):
+        if not (k.get("uvm_selected") or {}).get("patched"):
+            continue
+        diff = policy.settings_changed(build_record(snap, k["release"]), config)
+        if not diff:
+            continue
+        ok, why = kernel_in_policy(k, config)
+        if config.auto_build:
+            auto, cmd = "spark-memsaverd does it by itself (auto_build: true); to do it now: ", \
+                "spark-memsaver reconcile"
+        else:
+            auto = ""
+            cmd = rebuild_command(k["release"]) if ok else f"spark-memsaver remove --kernel {k['release']}"
+        out.append(Finding("config-changed", "warning",
+                           f"The installed nvidia-uvm for kernel {k['release']} was built with other settings than "
+                           f"the configuration's now ({', '.join(diff)})"
+                           + ("" if ok else f"; {why}") + ": editing config.yaml alone changes nothing.",
+                           f"{auto}{cmd}", k["release"]))
+    return out
 
 
 def _running(snap: dict) -> dict | None:
@@ -71,6 +87,11 @@ def evaluate(snap: dict, config: Config) -> Verdict:
     sb = snap.get("secure_boot") or {}
     records = snap.get("records") or {}
     running = _running(snap)
+
+    # 0. Configuration notes (an old name still read).
+    for note in getattr(config, "notes", ()) or ():
+        f.append(Finding("config-renamed", "info", note[0].upper() + note[1:] + ".",
+                         "Nothing to do; write the new name in the file to silence this note."))
 
     # 1. Nothing to do without an NVIDIA driver.
     if not driver_present(snap):
@@ -100,6 +121,9 @@ def evaluate(snap: dict, config: Config) -> Verdict:
         f.append(Finding("loaded-driver-mismatch", "error",
                          f"The loaded nvidia-uvm is ours for {uvm['version']} but nvidia {loaded_nv} is loaded.",
                          "Stop CUDA work and run 'spark-memsaver rollback', or reboot."))
+
+    # 2b. A build made with other settings than the config's now.
+    f.extend(config_changed(snap, config))
 
     # 3. Interrupted operations.
     for intent in records.get("intents", []):

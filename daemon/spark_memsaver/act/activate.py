@@ -1,0 +1,79 @@
+"""Activate: load our installed nvidia-uvm in place of the loaded stock one, if nothing uses the device.
+
+Called by act/executor.py (op "activate"; under the "lifecycle" lock unless it is a dry run). Never forced:
+with holders it says "at next boot"; a loaded nvidia of another driver version refuses.
+"""
+
+from __future__ import annotations
+
+from spark_memsaver.act import records_io as rio
+from spark_memsaver.act import steps as st
+from spark_memsaver.config import Config
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.errors import EXIT_FAILED, MemsaverError, SafetyRefusal
+from spark_memsaver.host import Host
+from spark_memsaver.observe import snapshot as observe
+
+UVM_DEVICE = "/dev/nvidia-uvm"
+
+
+class ActivationRefused(SafetyRefusal):
+    code = "activation-refused"
+    remedy = "Run 'spark-memsaver status' to see what is selected and loaded."
+
+
+class ActivationFailed(MemsaverError):
+    code = "activation-failed"
+    exit_code = EXIT_FAILED
+    remedy = ("The guard loads a safe nvidia-uvm on the next 'modprobe nvidia_uvm' or at boot; "
+              "run 'spark-memsaver status' and the kernel log (journalctl -k) for the reason.")
+
+
+def _kernel(snap: dict, release: str) -> dict | None:
+    return next((k for k in snap.get("kernels", []) if k["release"] == release), None)
+
+
+def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM_DEVICE,
+             proc_host: Host | None = None, dry_run: bool = False) -> dict:
+    snap = observe.snapshot(host)
+    rel = snap["host"]["kernel"]
+    k = _kernel(snap, rel) or {}
+    sel = k.get("uvm_selected") or {}
+    if not sel.get("patched"):
+        raise ActivationRefused(f"our nvidia-uvm is not selected for the running kernel {rel} "
+                                f"(selected: {sel.get('path') or 'none'})",
+                                remedy="Run 'spark-memsaver install' (or 'reconcile') first.")
+    drv = rc.base_version(sel.get("version"))
+    loaded_nv = rc.base_version(snap["driver"].get("loaded_version"))
+    disk_nv = rc.base_version((k.get("nvidia_selected") or {}).get("version"))
+    if loaded_nv and loaded_nv != drv:
+        raise ActivationRefused(f"the loaded nvidia is {loaded_nv} but our nvidia-uvm is built for {drv}",
+                                remedy="Reboot into the installed driver first (nvidia.ko on disk is "
+                                f"{disk_nv or 'unknown'}), then run 'spark-memsaver reconcile'.")
+    uvm = snap["uvm"]
+    if uvm.get("loaded") and uvm.get("srcversion") and uvm.get("srcversion") == sel.get("srcversion"):
+        return {"activated": True, "already": True, "srcversion": uvm["srcversion"], "path": sel.get("path")}
+    holders = observe.uvm_holders(proc_host or host, uvm_device)
+    if holders:
+        names = ", ".join(f"{h['comm']}[{h['pid']}]" for h in holders)
+        return {"activated": False, "at_next_boot": True, "holders": holders,
+                "message": f"{uvm_device} is in use by {names}; our module is selected and will be loaded at "
+                           "next boot (or run 'spark-memsaver activate' again after those processes exit)."}
+    cmds = []
+    if uvm.get("loaded"):
+        cmds.append(["modprobe", "-r", "nvidia_uvm"])
+    cmds.append(["modprobe", "nvidia_uvm"])
+    if dry_run or not host.is_live:
+        return {"activated": False, "dry_run": True, "would_run": cmds, "expect_srcversion": sel.get("srcversion")}
+    # an unload without a reload would leave no nvidia-uvm: the intent lets reconcile load one after a kill
+    with rio.safe_intent(host, "activate", rel, removal=False, srcversion=sel.get("srcversion")):
+        for argv in cmds:
+            st.say(progress, "running " + " ".join(argv))
+            r = host.run(argv, timeout=120)
+            if not r.ok:
+                raise ActivationFailed(f"'{' '.join(argv)}' failed: {(r.stderr or r.stdout).strip()[-300:]}")
+        loaded = (host.read_text("/sys/module/nvidia_uvm/srcversion") or "").strip()
+        if loaded != sel.get("srcversion"):
+            raise ActivationFailed(f"after loading, /sys/module/nvidia_uvm/srcversion is {loaded or 'absent'}, "
+                                   f"not {sel.get('srcversion')} of {sel.get('path')}")
+    return {"activated": True, "srcversion": loaded, "path": sel.get("path")}

@@ -1,0 +1,136 @@
+"""The executor's records: intents written "safely" (a removal goes on without one), build records.
+
+Until host/records.py (E1) lands, intents and rollbacks go through host/intents.py; this module adds
+what the executor needs on top of it:
+
+- :func:`safe_intent`: an intent around a step. For a step that only moves toward stock (``removal``
+  True), an OSError while writing the record (full disk, read-only state directory) does not stop the
+  step: it proceeds without a record and the failure is reported in ``problems`` (the result's
+  ``record_problems`` and a ``record-write-failed`` finding). Any other step refuses without a record
+  (:class:`RecordWriteFailed`), since nothing could recover it after a kill.
+- build records (``/var/lib/spark-memsaver/builds/<kernel>.json``): the settings (tier, kernels policy)
+  the installed build of a kernel was made with; reconcile compares them with the current config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from spark_memsaver.errors import EXIT_FAILED, MemsaverError
+from spark_memsaver.host import Host, intents
+
+BUILDS = f"{intents.STATE_DIR}/builds"
+BUILD_SCHEMA = 1
+
+
+class RecordWriteFailed(MemsaverError):
+    code = "record-write-failed"
+    exit_code = EXIT_FAILED
+    remedy = ("Free space in /var/lib/spark-memsaver (df -h /var/lib/spark-memsaver) or make it writable, "
+              "then run the command again. Removing the override toward stock still works without records.")
+
+
+def record_problem(problems: list | None, what: str, err: OSError) -> dict:
+    p = {"code": "record-write-failed", "severity": "warning",
+         "message": f"could not write {what}: {err.strerror or err}",
+         "remedy": RecordWriteFailed.remedy}
+    if problems is not None:
+        problems.append(p)
+    return p
+
+
+@contextlib.contextmanager
+def safe_intent(host: Host, op: str, kernel: str | None, *, removal: bool, problems: list | None = None,
+                **details):
+    """An intent around the body; see the module docstring for what happens when it cannot be written."""
+    try:
+        rec = intents.write_intent(host, op, kernel, **details)
+    except OSError as e:
+        if not removal:
+            raise RecordWriteFailed(f"cannot write the recovery record for '{op}' "
+                                    f"({kernel or 'all kernels'}): {e.strerror or e}; nothing was changed")
+        record_problem(problems, f"the recovery record for '{op}' ({kernel or 'all kernels'})", e)
+        yield None
+        return
+    try:
+        yield rec
+    except BaseException as e:
+        with contextlib.suppress(Exception):
+            intents.update_intent(host, rec, phase="failed", error=f"{type(e).__name__}: {e}"[:500])
+        raise
+    try:
+        intents.clear_intent(host, rec)
+    except OSError as e:
+        record_problem(problems, f"the removal of the recovery record {rec['id']}", e)
+
+
+def clear_intent(host: Host, iid: str, problems: list | None = None) -> bool:
+    try:
+        return intents.clear_intent(host, iid)
+    except OSError as e:
+        record_problem(problems, f"the removal of the recovery record {iid}", e)
+        return False
+
+
+def write_rollback(host: Host, kernel: str, reason: str, problems: list | None = None, **kw) -> dict | None:
+    """A rollback record; an OSError is reported, never raised (the removal it explains has happened)."""
+    try:
+        return intents.write_rollback(host, kernel, reason, **kw)
+    except OSError as e:
+        record_problem(problems, f"the rollback record for {kernel}", e)
+        return None
+
+
+# --- build records ---------------------------------------------------------------------------------
+
+def _build_path(kernel: str) -> str:
+    return f"{BUILDS}/{intents._name(kernel)}.json"
+
+
+def write_build(host: Host, kernel: str, settings: dict, *, driver: str | None, problems: list | None = None,
+                **facts) -> dict | None:
+    rec = {"schema": BUILD_SCHEMA, "kernel": kernel, "time": intents.now(), "driver": driver, **settings}
+    rec.update({k: v for k, v in facts.items() if v is not None})
+    try:
+        intents.atomic_write(host.path(_build_path(kernel)), json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        record_problem(problems, f"the build record for {kernel}", e)
+        return None
+    return rec
+
+
+def clear_build(host: Host, kernel: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(host.path(_build_path(kernel)))
+
+
+def read_builds(host: Host) -> list[dict]:
+    """Build records by kernel; one that is not a JSON object of strings is ignored (re-derived)."""
+    out = []
+    for name in host.listdir(BUILDS):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            rec = json.loads(host.read_text(f"{BUILDS}/{name}") or "")
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("kernel"), str):
+            out.append(rec)
+    return out
+
+
+def dkms_meta(host: Host, driver: str | None) -> dict | None:
+    """Settings of a build made by 0.1.0 (no build record): our rendered DKMS tree's spark-memsaver.json."""
+    if not driver:
+        return None
+    for name in host.listdir("/usr/src"):
+        if name.startswith(f"spark-memsaver-uvm-{driver}-sm"):
+            try:
+                meta = json.loads(host.read_text(f"/usr/src/{name}/spark-memsaver.json") or "")
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and meta.get("driver_version") == driver:
+                return {"tier": meta.get("tier"), "kernels": meta.get("kernels_policy"), "from": "dkms-tree"}
+    return None

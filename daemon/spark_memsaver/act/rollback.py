@@ -1,0 +1,60 @@
+"""Rollback: take our module away from a kernel (or every kernel where it is selected) and record why.
+
+Called by act/executor.py under the "lifecycle" lock (op "rollback"). Moving toward stock is always safe:
+it goes on when no record can be written, and says so (defect 4).
+"""
+
+from __future__ import annotations
+
+from spark_memsaver.act import records_io as rio
+from spark_memsaver.act import steps as st
+from spark_memsaver.config import Config
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.errors import MemsaverError, UsageError
+from spark_memsaver.host import Host
+from spark_memsaver.observe import snapshot as observe
+
+
+def unknown_kernel(kernel: str) -> MemsaverError:
+    return UsageError(f"kernel {kernel} is not installed (no /lib/modules/{kernel})",
+                      remedy="List kernels with 'spark-memsaver status'.")
+
+
+def _targets(snap: dict, kernel: str | None) -> list[dict]:
+    regs = (snap.get("dkms") or {}).get("registrations", [])
+    return [k for k in snap["kernels"] if (kernel is None or k["release"] == kernel)
+            and ((k.get("uvm_selected") or {}).get("patched")
+                 or any(b.get("kernel") == k["release"] and b.get("installed") for r in regs for b in r["builds"]))]
+
+
+def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,
+             kernel: str | None = None, code: str = "requested", remedy: str = "",
+             problems: list | None = None) -> dict:
+    problems = [] if problems is None else problems
+    snap = observe.snapshot(host)
+    if kernel is not None and not any(k["release"] == kernel for k in snap["kernels"]):
+        raise unknown_kernel(kernel)
+    targets = _targets(snap, kernel)
+    done = []
+    for k in targets:
+        rel = k["release"]
+        sel = k.get("uvm_selected") or {}
+        frm = rc.base_version(sel.get("version"))
+        to = rc.base_version((k.get("nvidia_selected") or {}).get("version"))
+        try:
+            with rio.safe_intent(host, "rollback", rel, removal=True, problems=problems, reason=reason, code=code,
+                                 remedy=remedy, driver_from=frm, driver_to=to):
+                st.remove(host, config, rel, progress)
+                if st.still_ours(host, rel):
+                    raise st.StepFailed(f"kernel {rel}: our nvidia-uvm is still selected after removal")
+                rio.write_rollback(host, rel, reason, problems, remedy=remedy, code=code, driver_from=frm,
+                                   driver_to=to)
+            done.append({"kernel": rel, "ok": True})
+        except MemsaverError as e:
+            done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
+    reload = None
+    uvm = snap["uvm"]
+    if uvm.get("loaded") and uvm.get("patched") and host.is_live:
+        reload = st.reload_uvm(host, progress)
+    return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
+            "nothing_to_do": not targets}

@@ -1,0 +1,267 @@
+"""Acting on plan steps (decide/plan.py) through the engines (act/dkms.py), each under an intent record.
+
+Called only by act/executor.py, which holds the "lifecycle" lock. Every step that moves toward stock
+(remove-override, finish-intent, undo-intent) goes on even when no record can be written (defect 4):
+the failure lands in ``problems`` and the result says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from spark_memsaver.act import records_io as rio
+from spark_memsaver.config import Config
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.decide import policy
+from spark_memsaver.errors import EXIT_FAILED, MemsaverError
+from spark_memsaver.host import Host, intents
+from spark_memsaver.observe import snapshot as observe
+
+log = logging.getLogger("spark_memsaver.act.steps")
+
+
+class StepFailed(MemsaverError):
+    code = "reconcile-step-failed"
+    exit_code = EXIT_FAILED
+    remedy = "Run 'spark-memsaver status'; the stock module stays selected until the cause is fixed."
+
+
+def say(progress, msg: str) -> None:
+    """progress follows the jobs contract: progress(fraction, message); progress(message) is accepted."""
+    log.info("%s", msg)
+    if progress is not None:
+        with contextlib.suppress(Exception):
+            progress(msg)
+
+
+def fwd(progress):
+    """A progress callable for the engines (which call progress(fraction, message))."""
+    if progress is None:
+        return None
+
+    def f(*args, **kw):
+        with contextlib.suppress(Exception):
+            progress(*args, **kw)
+    return f
+
+
+def dkms():
+    from spark_memsaver.act import dkms as d  # imported late: pure paths and the idle daemon never load it
+    return d
+
+
+# --- the verification reader (observe/modules.py replaces it when it lands) -----------------------
+
+def selected(host: Host, kernel: str, name: str = "nvidia_uvm") -> dict:
+    return observe.describe_module(observe.module_info(host, kernel, name)) or {}
+
+
+def still_ours(host: Host, kernel: str) -> bool:
+    return bool(selected(host, kernel).get("patched"))
+
+
+def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
+    info = selected(host, kernel)
+    nv = rc.base_version(selected(host, kernel, "nvidia").get("version"))
+    ok = bool(info.get("patched")) and nv is not None and rc.base_version(info.get("version")) == nv
+    return ok, info, nv
+
+
+# --- engines, wrapped --------------------------------------------------------------------------
+
+def remove(host: Host, config: Config, kernel: str | None, progress) -> dict:
+    d = dkms()
+    if kernel is None:
+        res = d.remove(host, config, all_kernels=True, progress=fwd(progress)) or {}
+    else:
+        res = d.remove(host, config, kernel=kernel, progress=fwd(progress)) or {}
+        rio.clear_build(host, kernel)
+    return res
+
+
+def support_for(versions) -> dict:
+    """Manifest verdict per driver version: {version: {"supported": bool, "reason": str}}."""
+    out = {}
+    try:
+        from spark_memsaver.act import patch as uvm_patch
+        manifest = uvm_patch.load_manifest()
+    except Exception as e:  # no manifest = nothing supported, with the reason
+        return {v: {"supported": False, "reason": f"patch manifest unavailable: {e}"} for v in versions if v}
+    for v in versions:
+        if not v:
+            continue
+        try:
+            sel, err = uvm_patch.select(manifest, v), None
+        except Exception as e:
+            sel, err = None, e
+        if sel is None:
+            out[v] = {"supported": False, "reason": f"NVIDIA driver {v} is not in this release's patch manifest"
+                      + (f" ({err})" if err else "")}
+        else:
+            out[v] = {"supported": True, "branch": sel.branch, "qualification": sel.qualification}
+    return out
+
+
+STOCK_DIR = "/var/lib/spark-memsaver/stock"
+
+
+def record_stock(host: Host, kernel: str) -> str | None:
+    """Remember which stock nvidia-uvm file depmod selected for ``kernel`` before our override existed
+    (read by the load-time guard)."""
+    info = selected(host, kernel)
+    if not info or not info.get("path") or info.get("patched"):
+        return None
+    intents.atomic_write(host.path(f"{STOCK_DIR}/{kernel}"), info["path"] + "\n")
+    return info["path"]
+
+
+def _public(rec: dict | None) -> dict | None:
+    return {k: v for k, v in rec.items() if not k.startswith("_")} if rec else rec
+
+
+def do_remove(host, config, step: rc.Step, progress, problems: list, op: str = "remove") -> dict:
+    with rio.safe_intent(host, op, step.kernel, removal=True, problems=problems, reason=step.reason,
+                         driver_from=step.driver_from, driver_to=step.driver_to):
+        say(progress, f"{step.kernel}: removing our nvidia-uvm ({step.reason})")
+        res = remove(host, config, step.kernel, progress)
+        if step.kernel and still_ours(host, step.kernel):
+            raise StepFailed(f"kernel {step.kernel}: our nvidia-uvm is still selected after removal")
+    return res
+
+
+def _failed(host, config, step, progress, problems, op, e: MemsaverError, code: str) -> dict:
+    k = step.kernel
+    with contextlib.suppress(Exception):
+        remove(host, config, k, progress)      # leave nothing half-built behind
+    rio.clear_intent(host, intents.intent_id(op, k), problems)
+    rec = rio.write_rollback(host, k, f"{'building' if op == 'build' else 'installing'} for driver "
+                             f"{step.driver_to} failed: {e.message}", problems, remedy=e.remedy or "", code=code,
+                             driver_from=step.driver_from, driver_to=step.driver_to)
+    return {"ok": False, "error": e.to_dict(), "rollback": _public(rec)}
+
+
+def do_build_install(host, config, step: rc.Step, progress, problems: list) -> dict:
+    d = dkms()
+    k = step.kernel
+    try:
+        record_stock(host, k)
+    except OSError as e:
+        raise rio.RecordWriteFailed(f"cannot write the stock record for {k}: {e.strerror or e}; nothing was "
+                                    "changed")
+    try:
+        with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=step.driver_to):
+            say(progress, f"{k}: building our nvidia-uvm for driver {step.driver_to}")
+            # a configuration change (tier, policy) must rebuild even when DKMS holds a build of this version
+            d.build(host, config, kernel=k, driver_version=step.driver_to, progress=fwd(progress),
+                    force=step.code == "config-changed")
+    except rio.RecordWriteFailed:
+        raise
+    except MemsaverError as e:
+        code = "patch-failed" if "patch" in type(e).__name__.lower() else "build-failed"
+        return _failed(host, config, step, progress, problems, "build", e, code)
+    try:
+        with rio.safe_intent(host, "install", k, removal=False, problems=problems, driver_version=step.driver_to):
+            say(progress, f"{k}: installing our nvidia-uvm for driver {step.driver_to}")
+            d.install(host, config, kernel=k, progress=fwd(progress))
+            ok, info, nv = ours_matches(host, k)
+            if not ok:
+                raise StepFailed(f"kernel {k}: after install the selected nvidia-uvm is "
+                                 f"{info.get('path')} ({info.get('version')}), not ours for {nv}")
+    except rio.RecordWriteFailed:
+        raise
+    except MemsaverError as e:
+        return _failed(host, config, step, progress, problems, "install", e, "install-failed")
+    return installed(host, config, k, info, problems, progress)
+
+
+def installed(host, config, k: str, info: dict, problems: list, progress=None) -> dict:
+    """Bookkeeping after a verified install: build record, rollback record and stale intents cleared."""
+    rio.write_build(host, k, policy.build_settings(config), driver=rc.base_version(info.get("version")),
+                    problems=problems, srcversion=info.get("srcversion"), path=info.get("path"))
+    try:
+        if intents.clear_rollback(host, k):
+            say(progress, f"{k}: the patched module is back; rollback record cleared")
+    except OSError as e:
+        rio.record_problem(problems, f"the removal of the rollback record of {k}", e)
+    for op in ("build", "install", "remove", "rollback", "register"):
+        # an older interruption for this kernel whose undo failed is moot now: state is verified good
+        rio.clear_intent(host, intents.intent_id(op, k), problems)
+    return {"ok": True, "selected": info.get("path"), "version": info.get("version"),
+            "signer": info.get("signer"), "srcversion": info.get("srcversion")}
+
+
+def reload_uvm(host: Host, progress) -> dict:
+    """Unload nvidia_uvm if nobody uses it, then load it through the guard (which picks a safe file)."""
+    if not host.is_live:
+        return {"ok": False, "skipped": "not the running system"}
+    holders = observe.uvm_holders(host)
+    if holders:
+        return {"ok": False, "holders": holders, "skipped": "in use; happens at next boot"}
+    if host.exists("/sys/module/nvidia_uvm"):
+        r = host.run(["modprobe", "-r", "nvidia_uvm"], timeout=60)
+        if not r.ok:
+            return {"ok": False, "error": (r.stderr or r.stdout).strip()}
+    if host.exists("/sys/module/nvidia"):
+        r = host.run(["modprobe", "nvidia_uvm"], timeout=120)
+        return {"ok": r.ok, "output": (r.stderr or r.stdout).strip()[-500:]}
+    return {"ok": True, "skipped": "nvidia is not loaded"}
+
+
+def _one(host, config, s: rc.Step, progress, problems: list) -> dict:
+    entry = {}
+    if s.action == "drop-record":
+        intents.drop_unreadable(host, s.path)
+    elif s.action == "clear-intent":
+        rio.clear_intent(host, s.intent, problems)
+    elif s.action in ("undo-intent", "finish-intent"):
+        res = remove(host, config, s.kernel, progress) if s.kernel else {}
+        if s.kernel and still_ours(host, s.kernel) and s.action == "finish-intent":
+            raise StepFailed(f"kernel {s.kernel}: our nvidia-uvm is still selected")
+        if s.action == "finish-intent" and s.kernel and s.driver_from and s.driver_from != s.driver_to:
+            rio.write_rollback(host, s.kernel, s.reason, problems, code=s.code or "stock-selected",
+                               remedy=s.remedy, driver_from=s.driver_from, driver_to=s.driver_to)
+        rio.clear_intent(host, s.intent, problems)
+        entry["result"] = res if isinstance(res, dict) else {}
+    elif s.action == "remove-override":
+        entry["result"] = do_remove(host, config, s, progress, problems)
+    elif s.action == "record-rollback":
+        rio.write_rollback(host, s.kernel, s.reason, problems, remedy=s.remedy, code=s.code or "stock-selected",
+                           driver_from=s.driver_from, driver_to=s.driver_to)
+        say(progress, f"{s.kernel}: rolled back to stock: {s.reason}")
+    elif s.action == "clear-rollback":
+        intents.clear_rollback(host, s.kernel)
+    elif s.action == "build-install":
+        entry["result"] = do_build_install(host, config, s, progress, problems)
+        entry["ok"] = entry["result"].get("ok", False)
+    elif s.action == "reload-uvm":
+        entry["result"] = reload_uvm(host, progress)
+        if s.intent:
+            rio.clear_intent(host, s.intent, problems)
+    return entry
+
+
+def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None = None, progress=None,
+            problems: list | None = None) -> list[dict]:
+    """Run the acting steps of a plan in order; a failed step is reported and the next one runs."""
+    problems = [] if problems is None else problems
+    done = []
+    for s in steps:
+        entry = s.to_dict()
+        try:
+            entry.update(_one(host, config, s, progress, problems))
+            entry.setdefault("ok", True)
+        except MemsaverError as e:
+            entry["ok"] = False
+            entry["error"] = e.to_dict()
+            say(progress, f"{s.action} {s.kernel or ''}: {e.message}")
+        except OSError as e:
+            if s.action not in ("record-rollback", "clear-rollback", "drop-record", "clear-intent"):
+                raise
+            entry["ok"] = False
+            entry["error"] = rio.record_problem(problems, f"a record ({s.action} {s.kernel or ''})", e)
+        done.append(entry)
+        if s.action in rc.ACTING:
+            intents.append_history(host, {"event": s.action, "time": intents.now(), "kernel": s.kernel,
+                                          "reason": s.reason, "ok": entry.get("ok")})
+    return done
