@@ -1,0 +1,301 @@
+"""arm64 test VMs for the packing pool: kernels, an initramfs, the selftest module, and a qemu runner.
+
+Everything heavy is cached under $SPARK_MEMSAVER_TEST_CACHE (tests/support/cache.py) and produced under a
+named lock. Debian packages come through a private apt configuration (own sources.list, lists and archives
+under the cache, APT::Architectures amd64+arm64); the system's apt state is never touched.
+
+Kernels (``kernel(kind) -> Kernel``):
+  ``debug-64k``   Debian's linux-source-7.x built for arm64 with CONFIG_ARM64_64K_PAGES=y, a minimal config
+                  plus KASAN, PROVE_LOCKING, DEBUG_PAGEALLOC, DMA_API_DEBUG, KMEMLEAK
+                  (tests/kernel/debug-64k.config). Built only when SPARK_MEMSAVER_BUILD_KERNEL=1, else
+                  taken from the cache or reported unavailable.
+  ``debian-4k`` / ``debian-16k``  Debian's prebuilt linux-image-arm64 / -arm64-16k (the newest 7.x offered
+                  by sid / experimental / trixie-backports); out-of-tree modules are built against the same
+                  linux-source prepared with that image's own .config (Debian's headers want gcc-14, which
+                  Debian 12 lacks: see docs/kernel-tests.md).
+
+``selftest_module(kernel)`` builds tests/kernel/selftest with uvm_patch/src/uvm_pt_pack.[ch] copied in
+unchanged; ``initramfs(files)`` packs busybox-static:arm64 + tests/kernel/init.sh; ``boot(...)`` runs
+qemu-system-aarch64 (TCG, -machine virt,iommu=smmuv3, -cpu max, serial console) and returns the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+try:
+    from . import cache
+except ImportError:  # pragma: no cover
+    import cache  # type: ignore
+
+REPO = Path(__file__).resolve().parents[2]
+KDIR = REPO / "tests" / "kernel"
+CROSS = "aarch64-linux-gnu-"
+SUITES = ("sid", "experimental", "trixie-backports")
+_READY = ".ready"
+
+
+class Unavailable(RuntimeError):
+    """An input cannot be produced here; the message says why and what to do."""
+
+
+@dataclasses.dataclass
+class Kernel:
+    kind: str
+    image: Path          # arm64 Image (uncompressed or EFI zboot, both boot with -kernel)
+    tree: Path           # a tree to build out-of-tree modules against
+    release: str
+    page_size: int
+
+
+def _run(argv, *, cwd=None, env=None, timeout=3600, log=None):
+    e = dict(os.environ, LC_ALL="C.UTF-8")
+    e.update(env or {})
+    p = subprocess.run([str(a) for a in argv], cwd=cwd, env=e, timeout=timeout,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    if log:
+        Path(log).write_text(p.stdout)
+    if p.returncode:
+        raise Unavailable(f"{' '.join(map(str, argv))} failed (rc={p.returncode}):\n" +
+                          "\n".join(p.stdout.splitlines()[-20:]))
+    return p.stdout
+
+
+def _apt() -> list[str]:
+    base = cache.cache_dir() / "apt" / "kernel-arm64"
+    for sub in ("lists/partial", "parts", "prefs", "cache/archives/partial"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    mirror = cache.debian_mirror()
+    if mirror is None:
+        raise Unavailable("no Debian archive entry in /etc/apt/sources.list(.d)")
+    key = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    text = "".join(f"deb [signed-by={key}] {mirror} {s} main\n" for s in SUITES)
+    sl = base / "sources.list"
+    opts = [f"-o=Dir::Etc::SourceList={sl}", f"-o=Dir::Etc::SourceParts={base / 'parts'}",
+            f"-o=Dir::Etc::PreferencesParts={base / 'prefs'}", f"-o=Dir::State::Lists={base / 'lists'}",
+            f"-o=Dir::Cache={base / 'cache'}", "-o=APT::Architecture=amd64",
+            "-o=APT::Architectures::=amd64", "-o=APT::Architectures::=arm64"]
+    stamp = base / "updated"
+    if not sl.exists() or sl.read_text() != text or not stamp.exists() or time.time() - stamp.stat().st_mtime > 86400:
+        sl.write_text(text)
+        _run(["apt-get", *opts, "update"], timeout=900)
+        stamp.write_text("ok\n")
+    return opts
+
+
+def newest_version(opts: list[str], pkg: str, major: str = "7.") -> str:
+    out = _run(["apt-cache", *opts, "madison", pkg])
+    vers = [ln.split("|")[1].strip() for ln in out.splitlines() if "|" in ln]
+    vers = [v for v in vers if v.startswith(major) and "~rc" not in v]
+    if not vers:
+        raise Unavailable(f"no {major}x release of {pkg} in {SUITES}")
+    best = vers[0]
+    for v in vers[1:]:
+        if subprocess.run(["dpkg", "--compare-versions", v, "gt", best]).returncode == 0:
+            best = v
+    return best
+
+
+def download(opts: list[str], specs: list[str], dest: Path) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    _run(["apt-get", *opts, "download", *specs], cwd=dest, timeout=1800)
+    found = []
+    for spec in specs:
+        name = spec.split("=")[0].split(":")[0]
+        debs = sorted(dest.glob(f"{name}_*.deb"))
+        if not debs:
+            raise Unavailable(f"apt-get download {spec} produced no .deb")
+        found.append(debs[-1])
+    return found
+
+
+def _abi(opts, version: str, flavour: str) -> str:
+    out = _run(["apt-cache", *opts, "show", f"linux-image-{flavour}:arm64={version}"])
+    for ln in out.splitlines():
+        if ln.startswith("Depends:"):
+            for dep in ln.split(":", 1)[1].split(","):
+                d = dep.strip().split(" ")[0]
+                if d.startswith("linux-image-") and d.endswith(f"-{flavour}"):
+                    return d[len("linux-image-"):-len(f"-{flavour}")]
+    raise Unavailable(f"cannot tell the ABI of linux-image-{flavour} {version}")
+
+
+def _linux_source(opts, version: str) -> Path:
+    """Path of linux-source-<x.y>.tar.xz (extracted from the .deb into the cache)."""
+    src = cache.cache_dir() / "kernel" / f"linux-source-{version}"
+    tarballs = sorted(src.glob("usr/src/linux-source-*.tar.xz"))
+    if not tarballs:
+        mm = ".".join(version.split(".")[:2])
+        deb, = download(opts, [f"linux-source-{mm}={version}"], cache.cache_dir() / "debs")
+        _run(["dpkg-deb", "-x", deb, src])
+        tarballs = sorted(src.glob("usr/src/linux-source-*.tar.xz"))
+    return tarballs[-1]
+
+
+def _options(frag: Path) -> list[str]:
+    return [ln.strip() for ln in frag.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def debug_kernel_64k() -> Kernel:
+    base = cache.cache_dir() / "kernel" / "debug-64k"
+    tree = base / "build" / "linux-source-7.3"
+    stamp = base / _READY
+    if not stamp.exists() and (tree / "arch/arm64/boot/Image").exists() and (tree / "Module.symvers").exists():
+        # a build finished by hand with the same steps (docs/kernel-tests.md) counts once its config checks out
+        cfg = (tree / ".config").read_text()
+        if all(o in cfg.splitlines() for o in _options(KDIR / "debug-64k.config")):
+            stamp.write_text("adopted\n")
+    if not stamp.exists():
+        if os.environ.get("SPARK_MEMSAVER_BUILD_KERNEL") != "1":
+            raise Unavailable("the 64 KiB debug kernel is not cached; build it with SPARK_MEMSAVER_BUILD_KERNEL=1 "
+                              "(about 9 min of 2 cores, see docs/kernel-tests.md)")
+        with cache.locked("kernel-debug-64k"):
+            if not stamp.exists():
+                opts = _apt()
+                tarball = _linux_source(opts, newest_version(opts, "linux-source"))
+                shutil.rmtree(base, ignore_errors=True)
+                (base / "build").mkdir(parents=True)
+                _run(["tar", "-xf", tarball, "-C", base / "build"])
+                tree = next((base / "build").glob("linux-source-*"))
+                env = {"ARCH": "arm64", "CROSS_COMPILE": CROSS}
+                _run(["make", "allnoconfig"], cwd=tree, env=env)
+                with open(tree / ".config", "a") as fh:
+                    fh.write("\n".join(_options(KDIR / "debug-64k.config")) + "\n")
+                _run(["make", "olddefconfig"], cwd=tree, env=env)
+                cfg = (tree / ".config").read_text().splitlines()
+                dropped = [o for o in _options(KDIR / "debug-64k.config") if o not in cfg]
+                if dropped:
+                    raise Unavailable(f"olddefconfig dropped {dropped}")
+                t0 = time.time()
+                _run(["nice", "-n", "10", "make", "-j2", "Image", "modules"], cwd=tree, env=env, timeout=7200,
+                     log=base / "build.log")
+                stamp.write_text(f"built in {time.time() - t0:.0f}s\n")
+    tree = next((base / "build").glob("linux-source-*"))
+    rel = (tree / "include/config/kernel.release").read_text().strip()
+    return Kernel("debug-64k", tree / "arch/arm64/boot/Image", tree, rel, 65536)
+
+
+def debian_kernel(flavour: str) -> Kernel:
+    """flavour: 'arm64' (4 KiB pages) or 'arm64-16k'."""
+    opts = _apt()
+    version = newest_version(opts, f"linux-image-{flavour}")
+    abi = _abi(opts, version, flavour)
+    base = cache.cache_dir() / "kernel" / f"debian-{flavour}-{version}"
+    if not (base / _READY).exists():
+        with cache.locked(f"kernel-debian-{flavour}"):
+            if not (base / _READY).exists():
+                shutil.rmtree(base, ignore_errors=True)
+                base.mkdir(parents=True)
+                debs = download(opts, [f"linux-binary-{abi}-{flavour}:arm64={version}",
+                                       f"linux-headers-{abi}-{flavour}:arm64={version}"], base / "debs")
+                for d in debs:
+                    _run(["dpkg-deb", "-x", d, base / "x"])
+                tarball = _linux_source(opts, version)
+                _run(["tar", "-xf", tarball, "-C", base])
+                tree = next(base.glob("linux-source-*"))
+                hdr = next((base / "x/usr/src").glob(f"linux-headers-*-{flavour}"))
+                shutil.copy(hdr / ".config", tree / ".config")
+                env = {"ARCH": "arm64", "CROSS_COMPILE": CROSS}
+                # gcc-12 cannot take Debian's gcc-14 options; signing/BTF need Debian's keys and pahole
+                # (BTF stays on: it changes struct module, which the loader compares)
+                _run(["scripts/config", "--disable", "MODULE_SIG_ALL", "--set-str", "MODULE_SIG_KEY", "",
+                      "--set-str", "SYSTEM_TRUSTED_KEYS", ""], cwd=tree)
+                _run(["make", "olddefconfig"], cwd=tree, env=env)
+                _run(["nice", "-n", "10", "make", "-j2", f"KERNELRELEASE={abi}-{flavour}", "modules_prepare"],
+                     cwd=tree, env=env, timeout=3600)
+                shutil.copy(hdr / "Module.symvers", tree / "Module.symvers")
+                (base / _READY).write_text(f"{version}\n")
+    tree = next(base.glob("linux-source-*"))
+    image = next(p for p in [*(base / "x/boot").glob("vmlinuz-*"), *(base / "x/usr/lib/modules").glob("*/vmlinuz")])
+    return Kernel(f"debian-{flavour}", image, tree, f"{abi}-{flavour}", 16384 if flavour.endswith("16k") else 4096)
+
+
+def kernel(kind: str) -> Kernel:
+    if kind == "debug-64k":
+        return debug_kernel_64k()
+    if kind == "debian-4k":
+        return debian_kernel("arm64")
+    if kind == "debian-16k":
+        return debian_kernel("arm64-16k")
+    raise ValueError(kind)
+
+
+def selftest_module(k: Kernel, dest: Path) -> Path:
+    """Build tests/kernel/selftest (+ the pool, unchanged) against k.tree into dest; returns the .ko."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (KDIR / "selftest").iterdir():
+        shutil.copy(f, dest / f.name)
+    for f in ("uvm_pt_pack.c", "uvm_pt_pack.h"):
+        shutil.copy(REPO / "uvm_patch" / "src" / f, dest / f)
+    extra = [f"KERNELRELEASE={k.release}"] if k.kind.startswith("debian") else []
+    out = _run(["make", "-C", k.tree, f"M={dest}", "ARCH=arm64", f"CROSS_COMPILE={CROSS}", "W=1", *extra,
+                "modules"], timeout=900)
+    warnings = [ln for ln in out.splitlines() if "warning:" in ln]
+    if warnings:
+        raise AssertionError("selftest module build warnings:\n" + "\n".join(warnings))
+    return dest / "pt_pack_selftest.ko"
+
+
+def busybox() -> Path:
+    d = cache.cache_dir() / "kernel" / "busybox-arm64"
+    bb = d / "x/usr/bin/busybox"
+    if not bb.exists():
+        with cache.locked("busybox-arm64"):
+            if not bb.exists():
+                deb, = download(_apt(), ["busybox-static:arm64"], d / "debs")
+                _run(["dpkg-deb", "-x", deb, d / "x"])
+    return bb
+
+
+def initramfs(files: dict[str, Path], dest: Path, init: Path = KDIR / "init.sh") -> Path:
+    """A gzip'd newc cpio: /bin/busybox, /init, and files (name in / -> source path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for d in ("bin", "proc", "sys", "dev", "tmp"):
+            (root / d).mkdir()
+        shutil.copy(busybox(), root / "bin/busybox")
+        (root / "bin/sh").symlink_to("busybox")
+        shutil.copy(init, root / "init")
+        os.chmod(root / "init", 0o755)
+        for name, src in files.items():
+            shutil.copy(src, root / name)
+        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
+                            input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
+        dest.write_bytes(gzip.compress(cp.stdout, 6))
+    return dest
+
+
+def boot(k: Kernel, initrd: Path, *, append: str = "", timeout: int = 900, smp: int = 4,
+         mem: str = "2G") -> str:
+    """Boot k with initrd under TCG; return the serial console log (raises on timeout)."""
+    if shutil.which("qemu-system-aarch64") is None:
+        raise Unavailable("qemu-system-aarch64 missing (apt-get install qemu-system-arm)")
+    argv = ["qemu-system-aarch64", "-machine", "virt,iommu=smmuv3,gic-version=3", "-cpu", "max",
+            "-smp", str(smp), "-m", mem, "-nographic", "-no-reboot", "-nic", "none", "-kernel", str(k.image),
+            "-initrd", str(initrd), "-device", "pci-testdev",
+            "-append", f"console=ttyAMA0 panic=-1 oops=panic {append}".strip()]
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    return p.stdout.decode(errors="replace")
+
+
+#: console lines that fail a run (sanitizers, lockdep, DMA-API debug reports, kmemleak, WARN/BUG)
+BAD_PATTERNS = tuple(re.compile(p) for p in (
+    r"\bBUG: ", r"\bWARNING: ", r"cut here", r"Call trace:", r"\bOops\b", r"Kernel panic",
+    r"DMA-API: \S+ [0-9a-f]{4}:", r"unreferenced object 0x", r"inconsistent lock state",
+    r"possible (circular|recursive) locking", r"list_(add|del) corruption", r"INFO: task .* blocked",
+    r"general protection fault", r"Unable to handle kernel",
+))
+
+
+def bad_lines(log: str) -> list[str]:
+    return [ln for ln in log.splitlines() if any(p.search(ln) for p in BAD_PATTERNS)]
