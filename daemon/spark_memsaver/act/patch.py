@@ -48,7 +48,7 @@ from spark_memsaver.host.runner import Runner
 MARKER = "spark-memsaver-uvm-patch.json"
 POOL_DEST = "nvidia-uvm"
 QUALIFICATIONS = ("compile-verified", "untested")  # never "hardware-validated": nothing of ours is, yet
-TIERS = {0: "off", 1: "4k", 2: "256"}
+TIERS = {0: "off", 1: "4k-all", 2: "256", 3: "leaf"}   # decide/policy.py MODULE_TIERS
 _REQUIRED = ("Kbuild", "Makefile", "conftest.sh", "common/inc", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
              "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild")
 _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -92,7 +92,7 @@ class ManifestInvalid(MemsaverError):
 class InvalidTier(MemsaverError):
     code = "invalid-tier"
     exit_code = EXIT_USAGE
-    remedy = "Use 0 (off), 1 (4 KiB slots, the default) or 2 (256 B tier, opt-in, not hardware-validated)."
+    remedy = "Use 0 (off), 3 (leaf, the default), 1 (4k-all) or 2 (256; both opt-in, not hardware-validated)."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested
     manifest = manifest or load_manifest()
     source, dest = Path(source).absolute(), Path(dest).absolute()
     if tier_default is not None and tier_default not in TIERS:
-        raise InvalidTier(f"tier {tier_default!r} is not 0, 1 or 2")
+        raise InvalidTier(f"tier {tier_default!r} is not 0, 1, 2 or 3")
     if dest.exists() or dest.is_symlink():
         raise DestinationExists(f"{dest} already exists", dest=str(dest))
     if not dest.parent.is_dir():

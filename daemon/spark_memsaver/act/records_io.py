@@ -56,7 +56,14 @@ def safe_intent(host: Host, op: str, kernel: str | None, *, removal: bool, probl
         return
     try:
         yield rec
+    except MemsaverError:
+        # a named refusal or failure: the engine has put back what it changed (stock stays selected);
+        # the caller reports it, and there is nothing left to recover
+        with contextlib.suppress(OSError):
+            intents.clear_intent(host, rec)
+        raise
     except BaseException as e:
+        # anything else (a bug, an interrupt): keep the record so the next perform finishes or undoes it
         with contextlib.suppress(Exception):
             intents.update_intent(host, rec, phase="failed", error=f"{type(e).__name__}: {e}"[:500])
         raise

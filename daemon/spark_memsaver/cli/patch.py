@@ -31,8 +31,8 @@ def _print(doc: dict, as_json: bool, lines: list[str]) -> None:
               help="NVIDIA open kernel-module tree (/usr/src layout = upstream kernel-open/).")
 @click.option("--dest", "dest", required=True, type=click.Path(path_type=Path),
               help="New directory to receive the patched copy (must not exist).")
-@click.option("--tier-default", type=click.IntRange(0, 2), default=None,
-              help="Build-time default of uvm_pt_pack: 0 off, 1 4 KiB slots, 2 256 B tier (opt-in).")
+@click.option("--tier-default", type=click.IntRange(0, 3), default=None,
+              help="Build-time default of uvm_pt_pack: 0 off, 3 leaf (default), 1 4k-all, 2 256 (opt-in).")
 @click.option("--allow-untested", is_flag=True,
               help="Apply the nearest branch's patch to a version the manifest does not list, if clean.")
 @click.option("--slim", is_flag=True, help="Leave out NVIDIA's prebuilt *.o_binary blobs (not used by nvidia-uvm).")

@@ -1,0 +1,254 @@
+"""act/executor.py: the one path for every module mutation.
+
+Real parts: the DKMS engine (act/dkms.py) on a Spark-shaped root (tests/support/sparkroot.py: real ELF
+modules with real .modinfo, real depmod/modinfo), the real dkms program behind a wrapper that only logs
+and waits (SPARK_MEMSAVER_DKMS: the engines' own switch for which dkms to run), real processes killed
+with SIGKILL, a real full tmpfs for the state directory (ENOSPC from the kernel, not a mock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.act import executor, steps
+from spark_memsaver.config import Config
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.decide.status import evaluate
+from spark_memsaver.errors import UsageError
+from spark_memsaver.host import Host, intents
+from tests.support import sparkroot
+
+REPO = Path(__file__).resolve().parent.parent
+K = sparkroot.SPARK_KERNEL
+STOCK = f"/lib/modules/{K}/kernel/nvidia-580-open/nvidia-uvm.ko"
+V3 = ("VERSION 3\nAPT::Architecture=arm64\n\n"
+      "nvidia-kernel-source-580-open 580.142-0ubuntu1 arm64 none < 590.44.01-0ubuntu1 arm64 none /x.deb\n")
+
+
+def _env(tmp_path, sleep="0"):
+    wrapper = tmp_path / "dkms-wrapper"
+    if not wrapper.exists():
+        wrapper.write_text("#!/bin/sh\n"
+                           'echo "start $$ $SPARK_TEST_WHO $1" >> "$SPARK_TEST_LOG"\n'
+                           'sleep "$SPARK_TEST_SLEEP"\n'
+                           'echo "end $$ $SPARK_TEST_WHO" >> "$SPARK_TEST_LOG"\n'
+                           'exec dkms "$@"\n')
+        wrapper.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'daemon'}:{REPO}", SPARK_MEMSAVER_DKMS=str(wrapper),
+               SPARK_TEST_LOG=str(tmp_path / "order.log"), SPARK_TEST_SLEEP=sleep, SPARK_TEST_WHO="test")
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    return env
+
+
+@pytest.fixture
+def spark(tmp_path, monkeypatch):
+    root = sparkroot.make_spark_root(tmp_path / "root", ours_installed="580.142")
+    for k, v in _env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    return root
+
+
+def _selected(root) -> dict:
+    return steps.selected(Host(root), K)
+
+
+def _intents(root):
+    return sorted(p.name for p in (root / "var/lib/spark-memsaver/intents").glob("*.json"))
+
+
+def test_unknown_op_and_unknown_kernel(spark):
+    with pytest.raises(UsageError, match="unknown operation"):
+        executor.perform("format", Host(spark), Config())
+    with pytest.raises(UsageError, match="not installed"):
+        executor.perform("remove", Host(spark), Config(), kernel="9.9.9-nope")
+
+
+def test_remove_goes_through_lock_intent_and_verification(spark):
+    assert _selected(spark).get("patched")
+    doc = executor.perform("remove", Host(spark), Config(), kernel=K)
+    assert doc["restored"][0]["selected"] == STOCK and not _selected(spark).get("patched")
+    assert _intents(spark) == [] and "record_problems" not in doc
+    assert (spark / "run/spark-memsaver/lifecycle.lock").exists()      # it took the one lock
+
+
+def _killed_midway(tmp_path, root, op_code: str) -> None:
+    env = _env(tmp_path, sleep="30")
+    code = ("from spark_memsaver.act import executor; from spark_memsaver.host import Host; "
+            "from spark_memsaver.config import Config; " + op_code)
+    p = subprocess.Popen([sys.executable, "-c", code % str(root)], env=env, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = tmp_path / "order.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (log.exists() and "start" in log.read_text()):
+        time.sleep(0.05)
+    assert log.exists(), p.stderr.read() if p.poll() is not None else "no dkms call"
+    os.killpg(p.pid, signal.SIGKILL)                                   # kill -9 midway, with its dkms
+    p.wait(10)
+
+
+def test_remove_killed_midway_is_finished_by_the_next_perform(tmp_path, spark):
+    _killed_midway(tmp_path, spark, "executor.perform('remove', Host(%r), Config(), kernel='" + K + "')")
+    assert _intents(spark) == [f"remove-{K}.json"] and _selected(spark).get("patched")
+    snap = executor.observe_for_plan(Host(spark))
+    assert "operation-interrupted" in [f.code for f in evaluate(snap, Config()).findings]
+    doc = executor.perform("reconcile", Host(spark), Config(), rebuild=False)
+    assert [s["action"] for s in doc["steps"]][0] == "finish-intent" and doc["steps"][0]["ok"]
+    assert _intents(spark) == [] and _selected(spark)["path"] == STOCK
+
+
+def test_install_killed_midway_is_undone_by_the_next_perform(tmp_path, spark):
+    _killed_midway(tmp_path, spark, "executor.perform('install', Host(%r), Config(), kernel='" + K + "')")
+    assert _intents(spark) == [f"install-{K}.json"]
+    # any later operation first recovers: here a plain remove of nothing else
+    doc = executor.perform("rollback", Host(spark), Config(), kernel=K, reason="test")
+    assert [s["action"] for s in doc["recovered"]] == ["clear-intent"] or \
+        [s["action"] for s in doc["recovered"]] == ["undo-intent"]
+    assert _intents(spark) == [] and _selected(spark)["path"] == STOCK
+
+
+def test_apt_door_and_install_serialize_on_the_one_lock(tmp_path, spark):
+    """An Install (D-Bus/CLI) holds the lifecycle lock while its engine runs; the APT pre-install door
+    started meanwhile waits for it, then removes the override: their dkms calls never interleave."""
+    env_a = dict(_env(tmp_path, sleep="3"), SPARK_TEST_WHO="install")
+    code = ("from spark_memsaver.act import executor; from spark_memsaver.host import Host; "
+            "from spark_memsaver.config import Config; from spark_memsaver.errors import MemsaverError\n"
+            "try: executor.perform('install', Host(%r), Config(), kernel=%r)\n"
+            "except MemsaverError as e: print('install refused:', e.code)\n") % (str(spark), K)
+    a = subprocess.Popen([sys.executable, "-c", code], env=env_a, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    log = tmp_path / "order.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (log.exists() and "install" in log.read_text()):
+        time.sleep(0.05)
+    env_b = dict(_env(tmp_path), SPARK_TEST_WHO="apt-door")
+    b = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(spark), "reconcile",
+                        "--apt-pre-install"], input=V3, env=env_b, capture_output=True, text=True, timeout=120)
+    a.communicate(timeout=120)
+    assert b.returncode == 0, b.stderr
+    assert "waiting for another spark-memsaver operation" in b.stderr, b.stderr
+    events = [ln.split()[0] + " " + ln.split()[2] for ln in log.read_text().splitlines()]
+    first_door = events.index("start apt-door")
+    assert "end install" in events[:first_door]                         # the door acted after the install
+    assert all(e.endswith("apt-door") for e in events[first_door:]), events
+    assert _selected(spark)["path"] == STOCK                             # override removed before unpack
+
+
+# --- defect 4: a full state disk never stops a removal toward stock -----------------------------
+
+@pytest.fixture
+def full_state(spark):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    state = spark / "var/lib/spark-memsaver"
+    state.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=64", "tmpfs", str(state)], check=True)
+    try:
+        fd = os.open(state / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield spark
+    finally:
+        subprocess.run(["umount", str(state)], check=False)
+
+
+def test_full_disk_removal_goes_on_and_is_reported(full_state):
+    with pytest.raises(OSError):
+        intents.write_intent(Host(full_state), "remove", K)              # the disk really is full
+    doc = executor.perform("remove", Host(full_state), Config(), kernel=K)
+    assert _selected(full_state)["path"] == STOCK                        # stock selected anyway
+    codes = [p["code"] for p in doc["record_problems"]]
+    assert codes and set(codes) == {"record-write-failed"} and doc["findings"] == doc["record_problems"]
+    assert "No space left" in doc["record_problems"][0]["message"]
+
+
+def test_full_disk_apt_door_still_removes_the_override(full_state):
+    doc = executor.perform("apt-pre-install", Host(full_state), Config(), text=V3)
+    assert doc["steps"][0]["action"] == "remove-override" and doc["steps"][0]["ok"], doc
+    assert _selected(full_state)["path"] == STOCK
+    assert doc["record_problems"]
+
+
+def test_full_disk_refuses_a_build_without_its_record(full_state):
+    from spark_memsaver.act.records_io import RecordWriteFailed
+    with pytest.raises(RecordWriteFailed, match="nothing was changed"):
+        executor.perform("install", Host(full_state), Config(), kernel=K)
+    assert _selected(full_state).get("patched")                          # untouched
+
+
+# --- a configuration change since the build ------------------------------------------------------
+
+def _build_record(root, **settings):
+    p = root / f"var/lib/spark-memsaver/builds/{K}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"schema": 1, "kernel": K, "driver": "580.142", **settings}))
+
+
+def test_config_change_is_a_finding_with_the_exact_command(spark):
+    _build_record(spark, tier="4k-all", tier_value=1, kernels="64k-only")
+    cfg = Config(auto_build=False)                                        # tier: leaf (default)
+    doc = executor.perform("reconcile", Host(spark), cfg, dry_run=True)
+    st = [s for s in doc["steps"] if s.get("code") == "config-changed"]
+    assert [s["action"] for s in st] == ["config-changed"] and "tier 4k-all -> leaf" in st[0]["reason"]
+    f = [x for x in evaluate(executor.observe_for_plan(Host(spark)), cfg).findings if x.code == "config-changed"]
+    assert len(f) == 1 and f[0].kernel == K
+    assert f[0].remedy == f"spark-memsaver build --kernel {K} --force && spark-memsaver install --kernel {K}"
+    # same settings: nothing to say
+    _build_record(spark, tier="leaf", tier_value=3, kernels="64k-only")
+    assert not [x for x in evaluate(executor.observe_for_plan(Host(spark)), cfg).findings
+                if x.code == "config-changed"]
+
+
+def test_config_change_rebuilds_with_auto_build(spark):
+    import shutil
+    if not shutil.which("dkms"):
+        pytest.skip("dkms is not installed (tools/deps/dkms.txt)")
+    (spark / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(shutil.which("dkms"), spark / "usr/sbin/dkms")          # the root has DKMS, as a node does
+    _build_record(spark, tier="256", kernels="64k-only")
+    doc = executor.perform("reconcile", Host(spark), Config(), dry_run=True, kernels=[K])
+    st = [s for s in doc["steps"] if s.get("code") == "config-changed"]
+    if not doc["support"].get("580.142", {}).get("supported"):
+        pytest.skip("580.142 is not in this release's manifest")
+    assert [s["action"] for s in st] == ["build-install"] and "rebuilding" in st[0]["reason"]
+    f = [x for x in evaluate(executor.observe_for_plan(Host(spark)), Config()).findings
+         if x.code == "config-changed"]
+    assert f and f[0].remedy.endswith("spark-memsaver reconcile")
+
+
+def test_build_of_0_1_0_is_compared_through_its_dkms_tree(spark):
+    """0.1.0 wrote no build record: the settings come from our rendered tree's spark-memsaver.json."""
+    meta = spark / "usr/src/spark-memsaver-uvm-580.142-sm0.1.0/spark-memsaver.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"format": 1, "driver_version": "580.142", "tier": "4k", "tier_default": 1,
+                                "kernels_policy": "64k-only"}))
+    snap = executor.observe_for_plan(Host(spark))
+    assert [x.kernel for x in evaluate(snap, Config(auto_build=False)).findings if x.code == "config-changed"] == [K]
+    assert not [x for x in evaluate(snap, Config(tier="4k")).findings if x.code == "config-changed"]
+
+
+# --- the layers: engines and decisions never reach into cli/ or click -----------------------------
+
+def test_act_observe_decide_import_no_cli_and_no_click():
+    pkg = REPO / "daemon/spark_memsaver"
+    bad = []
+    pat = re.compile(r"^\s*(?:from\s+(?:spark_memsaver\.cli|\.\.?cli|click)\b|import\s+(?:click|spark_memsaver\.cli)\b)"
+                     r"|from\s+spark_memsaver\s+import\s+cli\b", re.M)
+    for sub in ("act", "observe", "decide"):
+        for f in sorted((pkg / sub).rglob("*.py")):
+            for m in pat.finditer(f.read_text()):
+                bad.append(f"{f.relative_to(pkg)}: {m.group(0).strip()}")
+    assert bad == [], bad

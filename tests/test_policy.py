@@ -1,0 +1,137 @@
+"""decide/policy.py: the one kernel policy and the one tier vocabulary.
+
+The agreement test runs the REAL dkms (the Debian package) on the dkms.conf that spark-memsaver renders
+(act/dkms.py render, the product path), against a kernel "source dir" holding only a .config: DKMS reads
+BUILD_EXCLUSIVE before anything else and exits 77 when the kernel is excluded. The planner's verdict for
+the same kernel configuration must be the same (FAULTS: PREEMPT_RT row).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from spark_memsaver.config import Config
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.decide import policy
+from spark_memsaver.host import Host
+
+K = "6.14.0-1015-nvidia-64k"
+ARM64_64K = "CONFIG_ARM64=y\nCONFIG_ARM64_64K_PAGES=y\nCONFIG_MODVERSIONS=y\n"
+ARM64_64K_RT = ARM64_64K + "CONFIG_PREEMPT_RT=y\n"
+ARM64_4K = "CONFIG_ARM64=y\nCONFIG_ARM64_4K_PAGES=y\n# CONFIG_ARM64_64K_PAGES is not set\n"
+X86 = "CONFIG_X86=y\nCONFIG_X86_64=y\n"
+X86_RT = X86 + "CONFIG_PREEMPT_RT=y\n"
+
+
+def _kconfig(text):
+    return dict(line.split("=", 1) for line in text.splitlines() if line.startswith("CONFIG_"))
+
+
+def _kernel(text, page):
+    return {"release": K, "running": True, "page_size": page, "headers": True,
+            "uvm_selected": {"path": "/x/nvidia-uvm.ko", "version": "550.163.01", "patched": False},
+            "nvidia_selected": {"path": "/x/nvidia.ko", "version": "550.163.01"},
+            **policy.kernel_facts(_kconfig(text))}
+
+
+def _snap(k):
+    return {"host": {"kernel": K, "arch": "aarch64", "page_size": k["page_size"]},
+            "driver": {"loaded_version": None, "sources": [{"version": "550.163.01", "path": "/usr/src/nvidia-550.163.01",
+                                                              "open": True}]},
+            "uvm": {"loaded": False}, "kernels": [k], "dkms": {"available": True, "registrations": []},
+            "secure_boot": {"state": "not-needed"}, "holders": [],
+            "records": {"intents": [], "rollbacks": [], "unreadable": []}}
+
+
+CASES = [  # kernels policy, kernel config, page size, arch DKMS is given, planner builds?
+    ("64k-only", ARM64_64K, 65536, "aarch64", True),
+    ("64k-only", ARM64_64K_RT, 65536, "aarch64", False),     # the PREEMPT_RT defect
+    ("64k-only", ARM64_4K, 4096, "aarch64", False),
+    ("64k-only", X86, 4096, "x86_64", False),
+    ("all", X86, 4096, "x86_64", True),
+    ("all", X86_RT, 4096, "x86_64", False),
+    ("all", ARM64_64K_RT, 65536, "aarch64", False),
+]
+
+
+@pytest.mark.parametrize("kpol,text,page,arch,builds", CASES)
+def test_planner_verdict(kpol, text, page, arch, builds):
+    cfg = Config(kernels=kpol)
+    steps = rc.plan(_snap(_kernel(text, page)), cfg, {"550.163.01": {"supported": True}})
+    acts = [s.action for s in steps]
+    assert acts == (["build-install"] if builds else ["stay-stock"]), [s.to_dict() for s in steps]
+    ok, why = policy.kernel_in_policy(_kernel(text, page), cfg)
+    assert ok is builds and (ok or why)
+    if "PREEMPT_RT=y" in text:
+        assert "PREEMPT_RT" in why
+
+
+def _dkms_excludes(tmp_path, kpol, text, arch) -> bool:
+    """Render our DKMS tree as the product does, register it with the real dkms in a private tree and ask
+    dkms to build for a kernel whose .config is ``text``: exit 77 = BUILD_EXCLUSIVE excluded it."""
+    from spark_memsaver.act import dkms
+    root = tmp_path / "root"
+    (root / "usr/src").mkdir(parents=True, exist_ok=True)
+    r = dkms.render(Host(root), Config(kernels=kpol), "550.163.01", "/usr/src/nvidia-550.163.01")
+    src, tree, ksrc = root / "usr/src", tmp_path / "dkmstree", tmp_path / "ksrc"
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir()
+    ksrc.mkdir(exist_ok=True)
+    (ksrc / ".config").write_text(text)
+    common = ["--sourcetree", str(src), "--dkmstree", str(tree)]
+    subprocess.run(["dkms", "add", "-m", dkms.PACKAGE, "-v", r["version"], *common], check=True,
+                   capture_output=True, timeout=60)
+    b = subprocess.run(["dkms", "build", "-m", dkms.PACKAGE, "-v", r["version"], "-k", K, "-a", arch,
+                        "--kernelsourcedir", str(ksrc), *common], capture_output=True, text=True, timeout=120)
+    assert b.returncode != 0, "dkms went on to build: the test kernel has no headers, it must stop early"
+    return b.returncode == 77
+
+
+@pytest.mark.parametrize("kpol,text,page,arch,builds", CASES)
+def test_dkms_agrees_with_the_planner(tmp_path, kpol, text, page, arch, builds):
+    if not shutil.which("dkms"):
+        pytest.skip("dkms is not installed (tools/deps/dkms.txt)")
+    assert _dkms_excludes(tmp_path, kpol, text, arch) is (not builds)
+
+
+def test_template_fallback_is_the_policy(tmp_path):
+    """dkms.conf.j2 spells the rule out when the renderer passes no values: it must equal RULES."""
+    import jinja2
+    from pathlib import Path
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent.parent / "dkms/templates")),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    for kpol in policy.KERNEL_POLICIES:
+        v = dict(package="p", dkms_version="1", driver_version="d", our_version="o", nvidia_source="s",
+                 kernels_policy=kpol)
+        t = env.get_template("dkms.conf.j2")
+        assert t.render(**v) == t.render(**v, **policy.dkms_build_exclusive(kpol))
+        assert f'BUILD_EXCLUSIVE_CONFIG="{" ".join(policy.RULES[kpol][1])}"' in t.render(**v)
+
+
+def test_tier_vocabulary():
+    assert policy.DEFAULT_TIER == "leaf" == Config().tier
+    assert {n: policy.tier_value(n) for n in ("leaf", "4k-all", "256", "4k")} == \
+        {"leaf": 3, "4k-all": 1, "256": 2, "4k": 1}
+    assert policy.normalize_tier(256) == "256" and policy.normalize_tier("4k") == "4k-all"
+    for bad in ("512", "", None, True, "LEAF"):
+        with pytest.raises(policy.TierInvalid) as e:
+            policy.normalize_tier(bad)
+        assert "leaf, 4k-all, 256" in e.value.message
+    # the names the module's counters print for each value (uvm_pt_pack.c pt_pack_tier_str)
+    assert all(policy.MODULE_TIERS[v] == n for n, v in policy.TIERS.items())
+
+
+def test_apply_step_accepts_tier_3():
+    from spark_memsaver.act import patch
+    assert 3 in patch.TIERS and patch.TIERS[3] == "leaf"
+
+
+def test_settings_changed():
+    rec = {"tier": "4k", "kernels": "64k-only"}          # a 0.1.0 build: old tier name
+    assert policy.settings_changed(rec, Config(tier="4k-all")) == []
+    assert policy.settings_changed(rec, Config()) == ["tier 4k-all -> leaf"]
+    assert policy.settings_changed(rec, Config(kernels="all", tier="4k-all")) == ["kernels 64k-only -> all"]
+    assert policy.settings_changed(None, Config()) == []
