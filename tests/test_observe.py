@@ -94,7 +94,7 @@ def test_counters_parse_and_reject():
     assert s["format"] == 1 and s["tier"] == "4k"
     assert s["classes"]["256"]["tables"] == 52989
     assert s["backing_bytes"] + s["saved_bytes"] == s["stock_bytes"]
-    for bad, msg in (("tier 4k\n", "format"), ("format 2\ntier 4k\n", "newer"),
+    for bad, msg in (("tier 4k\n", "format"), ("format 3\ntier 4k\n", "newer"),
                      ("format 1\ntier 4k\nbacking_bytes x\n", "not an integer"),
                      ("format 1\nbacking_bytes 1\nstock_bytes 1\nsaved_bytes 0\n", "'tier' is missing"),
                      ("format 1\njunk\n", "expected 'key value'")):

@@ -4,6 +4,7 @@ The Spark roots come from tests/support/sparkroot.py (real-format files, real EL
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +74,9 @@ def test_spark_stock(spark):
     rc, doc = status_json("--root", str(spark))
     assert rc == 0
     assert doc["state"] == "stock"
-    assert doc["host"] == {"kernel": sparkroot.SPARK_KERNEL, "arch": "aarch64", "page_size": 65536}
+    assert doc["host"] == {"kernel": sparkroot.SPARK_KERNEL, "arch": "aarch64", "page_size": 65536,
+                           "hostname": sparkroot.HOSTNAME, "machine_id": sparkroot.MACHINE_ID}
+    assert doc["schema"] == 2 and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["generated_at"])
     assert doc["driver"]["loaded_version"] == "580.142"
     assert doc["driver"]["sources"][0]["version"] == "580.142"
     assert doc["uvm"]["loaded"] and not doc["uvm"]["patched"]

@@ -50,6 +50,10 @@ Hugepagesize:     524288 kB
 """
 
 
+HOSTNAME = "spark-01"
+MACHINE_ID = "5f1e0c2a9b8d4e7f8a6b5c4d3e2f1a0b"
+
+
 def _cc() -> str:
     return shutil.which("aarch64-linux-gnu-gcc") or "gcc"
 
@@ -139,6 +143,8 @@ def make_spark_root(root: Path, *, loaded_driver: str | None = DRIVER, uvm_loade
     write(root, "/proc/sys/kernel/osrelease", k + "\n")
     write(root, "/proc/sys/kernel/arch", "aarch64\n")
     write(root, "/proc/meminfo", MEMINFO)
+    write(root, "/etc/hostname", HOSTNAME + "\n")
+    write(root, "/etc/machine-id", MACHINE_ID + "\n")
     write(root, "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "536870912\n")
     for rel in (k,) + tuple(extra_kernels):
         write(root, f"/boot/config-{rel}", "CONFIG_ARM64=y\nCONFIG_ARM64_64K_PAGES=y\nCONFIG_MODVERSIONS=y\n"

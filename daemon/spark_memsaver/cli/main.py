@@ -152,9 +152,9 @@ def config_show(obj: Context, as_json: bool):
 # The other commands live in their own modules of this package, each adding itself with register(group).
 # Registered statically; heavy imports (jinja2, pydbus, ctypes) happen inside the commands that need them.
 from spark_memsaver.cli import build as _build, history as _history, lifecycle as _lifecycle  # noqa: E402
-from spark_memsaver.cli import mok as _mok, patch as _patch, validate as _validate  # noqa: E402
+from spark_memsaver.cli import metrics as _metrics, mok as _mok, patch as _patch, validate as _validate  # noqa: E402
 
-for _m in (_patch, _build, _mok, _lifecycle, _validate, _history):
+for _m in (_patch, _build, _mok, _lifecycle, _validate, _history, _metrics):
     _m.register(cli)
 
 

@@ -1,12 +1,12 @@
 """Parse the patched nvidia-uvm's live counters (``/sys/module/nvidia_uvm/parameters/uvm_pt_pack_stats``).
 
 The format is an interface, versioned by its first line ``format 1`` and specified in uvm_patch/README.md
-("Counters interface, format 1"): one ``key value`` pair per line.
+("Counters interface", formats 1 and 2): one ``key value`` pair per line.
 """
 
 from __future__ import annotations
 
-SUPPORTED_FORMATS = (1,)
+SUPPORTED_FORMATS = (1, 2)
 CLASSES = ("c256", "c4096")
 CLASS_KEYS = ("tables", "pages", "backing_bytes", "stock_bytes", "saved_bytes")
 TOTAL_KEYS = ("backing_bytes", "stock_bytes", "saved_bytes")
@@ -18,7 +18,10 @@ class CountersError(ValueError):
 
 
 def parse_stats(text: str) -> dict:
-    """Return a dict of the counters; raises CountersError on anything that is not format 1."""
+    """Return a dict of the counters; raises CountersError on anything that is not format 1 or 2.
+
+    Format 2 differs from 1 only in the tier tokens (``4k`` became ``4k-all``; ``leaf`` is new); the token is
+    returned as the module printed it (decide/policy.normalize_tier maps the old one)."""
     kv: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()

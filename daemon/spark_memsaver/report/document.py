@@ -1,11 +1,13 @@
 """Report: the versioned status document (``status --json``, D-Bus GetStatus) and its readable form.
 
-The document's JSON Schema is ``status.schema.json`` beside this file; schema version 1.
+The document's JSON Schema is ``status.schema.json`` beside this file; schema version 2 (1 plus
+``host.hostname``, ``host.machine_id`` and ``generated_at``, so documents from several nodes compare).
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from spark_memsaver import __version__
 from spark_memsaver.config import Config
@@ -13,7 +15,23 @@ from spark_memsaver.decide.status import Verdict, evaluate
 from spark_memsaver.host import Host
 from spark_memsaver.observe.snapshot import snapshot
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def node_identity(host: Host) -> dict:
+    """hostname and machine id of the node under the root (a container or image root: its own files)."""
+    import re
+    import socket
+
+    def read(path):
+        try:
+            with open(host.path(path), encoding="ascii", errors="replace") as f:
+                return f.readline().strip()
+        except OSError:
+            return None
+    hostname = read("/etc/hostname") if not host.is_live else (socket.gethostname() or read("/etc/hostname"))
+    mid = read("/etc/machine-id")
+    return {"hostname": hostname or None, "machine_id": mid if mid and re.fullmatch(r"[0-9a-f]{32}", mid) else None}
 
 
 def _uvm_selected(k: dict) -> dict | None:
@@ -30,7 +48,8 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
         "schema": SCHEMA_VERSION,
         "version": __version__,
         "state": verdict.state,
-        "host": snap["host"],
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": dict(snap["host"], **snap.get("identity", {})),
         "driver": {"loaded_version": snap["driver"]["loaded_version"],
                    "sources": [{"version": s["version"], "path": s["path"], "open": s["open"]}
                                for s in snap["driver"]["sources"]]},
@@ -53,6 +72,7 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
 
 def status(host: Host, config: Config) -> tuple[dict, Verdict]:
     snap = snapshot(host)
+    snap["identity"] = node_identity(host)
     verdict = evaluate(snap, config)
     return build_document(snap, verdict, config), verdict
 

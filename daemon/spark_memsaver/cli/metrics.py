@@ -1,0 +1,29 @@
+"""CLI: metrics (click command only; the text is made by spark_memsaver.report.metrics)."""
+
+from __future__ import annotations
+
+
+def register(cli) -> None:
+    import click
+
+    @cli.command("metrics")
+    @click.option("--output", "output", type=click.Path(dir_okay=False), default=None,
+                  help="Write the text atomically to this file (e.g. a node_exporter textfile) instead of stdout.")
+    @click.pass_obj
+    def metrics_cmd(obj, output):
+        """Print the Prometheus exposition of this node's status (names: monitoring/README.md).
+
+        For cron or node_exporter's textfile collector; spark-memsaverd writes the same text to
+        /var/lib/prometheus/node-exporter/spark-memsaver.prom by itself when that directory exists.
+        """
+        from spark_memsaver.report.document import status as run_status
+        from spark_memsaver.report.metrics import exposition
+
+        doc, _ = run_status(obj.host, obj.config)
+        text = exposition(doc)
+        if output is None:
+            click.echo(text, nl=False)
+            return 0
+        from spark_memsaver.host.fsutil import atomic_write
+        atomic_write(output, text, 0o644)
+        return 0

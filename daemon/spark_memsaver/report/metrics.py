@@ -1,0 +1,106 @@
+"""Report: the Prometheus text exposition of a status document (pure: document in, text out).
+
+The metric names, labels and meanings are specified in monitoring/README.md; the alert rules and the Grafana
+dashboard there use exactly these. Every series is always present: a state that does not hold is 0, never
+missing, so a series does not vanish when a node changes state.
+
+Used by ``spark-memsaver metrics`` (for cron or a node_exporter textfile) and by the daemon, which writes the
+same text to node_exporter's textfile directory after each sample.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+
+STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive", "rolled-back",
+          "needs-attention", "unverified")
+SECURE_BOOT_STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete",
+                      "blocked", "unknown")
+SEVERITIES = ("info", "warning", "error")
+
+
+def _label(value) -> str:
+    """A label value in the exposition format: backslash, quote and newline escaped; control characters dropped."""
+    s = "" if value is None else str(value)
+    s = "".join(c for c in s if c >= " " or c == "\n")
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**kv) -> str:
+    if not kv:
+        return ""
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in kv.items()) + "}"
+
+
+def _num(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))
+
+
+def _rfc3339_to_unix(text) -> int:
+    if not isinstance(text, str):
+        return 0
+    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S+00:00"):
+        try:
+            return calendar.timegm(time.strptime(text, fmt))
+        except ValueError:
+            continue
+    return 0
+
+
+def exposition(doc: dict, *, sample_time: float | None = None) -> str:
+    """The exposition text for one status document (schema 1 or newer)."""
+    host = doc.get("host") or {}
+    driver = (doc.get("driver") or {}).get("loaded_version") or ""
+    kernel = host.get("kernel") or ""
+    tier = (doc.get("config") or {}).get("tier") or ""
+    state = doc.get("state") or ""
+    memory = doc.get("memory") or {}
+    packing = (doc.get("uvm") or {}).get("packing") or {}
+    sb = doc.get("secure_boot") or {}
+    records = doc.get("records") or {}
+    common = {"driver": driver, "kernel": kernel, "tier": tier}
+
+    out: list[str] = []
+
+    def metric(name, mtype, help_, rows):
+        out.append(f"# HELP spark_memsaver_{name} {help_}")
+        out.append(f"# TYPE spark_memsaver_{name} {mtype}")
+        for labels, value in rows:
+            out.append(f"spark_memsaver_{name}{_labels(**labels)} {_num(value)}")
+
+    metric("info", "gauge", "spark-memsaver on this node (value 1; the labels carry the facts).",
+           [({"version": doc.get("version") or "", **common, "state": state}, 1)])
+    metric("state", "gauge", "1 for the node's status state, 0 for every other state.",
+           [({"state": s}, int(s == state)) for s in STATES])
+    active = bool(packing.get("active")) if isinstance(packing, dict) else False
+    metric("saved_bytes", "gauge", "Bytes of page-table backing memory saved by packing (0 when inactive).",
+           [(common, int(memory.get("saved") or 0))])
+    metric("backing_bytes", "gauge", "Bytes of memory now backing GPU page tables (0 when unknown).",
+           [(common, int(memory.get("pagetable_backing") or 0))])
+    metric("packing_active", "gauge", "1 when the loaded nvidia-uvm packs page tables, else 0.",
+           [(common, int(active))])
+    metric("page_size_bytes", "gauge", "The running kernel's page size in bytes.",
+           [({}, int(host.get("page_size") or 0))])
+    sb_state = sb.get("state") or "unknown"
+    metric("secure_boot_state", "gauge", "1 for the signing key's Secure Boot / MOK state, 0 for every other.",
+           [({"state": s}, int(s == sb_state)) for s in SECURE_BOOT_STATES])
+    pending_since = 0
+    if sb_state == "pending-enroll":
+        pending_since = _rfc3339_to_unix((sb.get("last_request") or {}).get("requested_at")
+                                         if isinstance(sb.get("last_request"), dict) else None)
+    metric("mok_pending_since_seconds", "gauge", "Unix time the pending MOK enrollment was requested; 0 if none.",
+           [({}, pending_since)])
+    rollbacks = records.get("rollbacks") if isinstance(records.get("rollbacks"), list) else []
+    metric("rollbacks_total", "counter", "Rollbacks to the stock nvidia-uvm on record.", [({}, len(rollbacks))])
+    findings = doc.get("findings") or []
+    metric("findings", "gauge", "Findings of the last status, by severity.",
+           [({"severity": sev}, sum(1 for f in findings if f.get("severity") == sev)) for sev in SEVERITIES])
+    when = sample_time if sample_time is not None else _rfc3339_to_unix(doc.get("generated_at")) or time.time()
+    metric("last_sample_timestamp_seconds", "gauge", "Unix time of the sample these figures come from.",
+           [({}, round(float(when), 3))])
+    return "\n".join(out) + "\n"

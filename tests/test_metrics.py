@@ -1,0 +1,96 @@
+"""`spark-memsaver metrics`: the real command's exposition against Spark-like roots (tests/support/sparkroot.py),
+checked with Debian's promtool and scraped through the real prometheus-node-exporter (tests/test_monitoring.py's
+helpers: the alert rules and the dashboard are tested against the same metric list)."""
+
+import calendar
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.observe.counters import CountersError, parse_stats
+from spark_memsaver.report.metrics import exposition
+from tests.support import sparkroot
+from tests.test_monitoring import check_exposition, parse_exposition, scrape_textfile
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def metrics(*args):
+    e = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    e.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", *args, "metrics"], capture_output=True,
+                       text=True, env=e, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return r.stdout
+
+
+def one(series, name, **labels):
+    rows = [v for lab, v in series[name] if all(lab.get(k) == v2 for k, v2 in labels.items())]
+    assert len(rows) == 1, (name, labels, series.get(name))
+    return rows[0]
+
+
+def test_active_spark_node(tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142")
+    text = metrics("--root", str(root))
+    check_exposition(text)
+    s = parse_exposition(text)
+    info = s["spark_memsaver_info"][0][0]
+    assert info["driver"] == "580.142" and info["kernel"] == sparkroot.SPARK_KERNEL and info["tier"] == "leaf"
+    assert one(s, "spark_memsaver_state", state=info["state"]) == 1.0
+    assert one(s, "spark_memsaver_page_size_bytes") == 65536.0
+    status = json.loads(subprocess.run(
+        ["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), "status", "--json", "--direct"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "daemon"))).stdout)
+    assert one(s, "spark_memsaver_saved_bytes", tier="leaf") == float(status["memory"]["saved"] or 0)
+    assert one(s, "spark_memsaver_backing_bytes") == float(status["memory"]["pagetable_backing"] or 0)
+    assert status["memory"]["saved"] and status["memory"]["saved"] > 0
+    assert one(s, "spark_memsaver_packing_active") == (1.0 if (status["uvm"]["packing"] or {}).get("active") else 0.0)
+
+
+def test_stock_node_keeps_every_series_at_zero(tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    text = metrics("--root", str(root))
+    check_exposition(text)
+    s = parse_exposition(text)
+    assert one(s, "spark_memsaver_saved_bytes") == 0.0 and one(s, "spark_memsaver_packing_active") == 0.0
+    assert one(s, "spark_memsaver_state", state="active") == 0.0
+
+
+def test_this_host_and_node_exporter_serves_the_real_output(tmp_path):
+    text = metrics()
+    check_exposition(text)
+    served = parse_exposition(scrape_textfile(text))
+    for name, rows in parse_exposition(text).items():
+        got = {tuple(sorted(lab.items())): v for lab, v in served[name]}
+        for lab, v in rows:
+            key = tuple(sorted(lab.items()))
+            assert got.get(key) == v, (name, lab, v, served[name])
+
+
+def test_labels_are_escaped_and_pending_since_parsed():
+    doc = {"version": "0.2.0", "state": "unverified", "host": {"kernel": 'k"\\\n1', "page_size": 65536},
+           "driver": {"loaded_version": "580.142"}, "config": {"tier": "leaf"}, "memory": {},
+           "uvm": {"packing": None}, "records": {"rollbacks": [{}, {}]},
+           "secure_boot": {"state": "pending-enroll", "last_request": {"requested_at": "2026-11-30T10:00:00Z"}},
+           "findings": [{"severity": "warning"}, {"severity": "warning"}, {"severity": "info"}],
+           "generated_at": "2026-12-01T00:00:00Z"}
+    text = exposition(doc)
+    check_exposition(text)
+    s = parse_exposition(text)
+    assert one(s, "spark_memsaver_mok_pending_since_seconds") == calendar.timegm((2026, 11, 30, 10, 0, 0))
+    assert one(s, "spark_memsaver_rollbacks_total") == 2.0
+    assert one(s, "spark_memsaver_findings", severity="warning") == 2.0
+    assert one(s, "spark_memsaver_last_sample_timestamp_seconds") == calendar.timegm((2026, 12, 1, 0, 0, 0))
+    assert 'kernel="k\\"\\\\\\n1"' in text
+
+
+def test_counters_format_2_and_format_1_speak_one_vocabulary():
+    f2 = sparkroot.stats_text(tier="leaf").replace("format 1", "format 2")
+    assert parse_stats(f2)["tier"] == "leaf"
+    assert parse_stats(f2.replace("tier leaf", "tier 4k-all"))["tier"] == "4k-all"
+    with pytest.raises(CountersError):
+        parse_stats(f2.replace("format 2", "format 3"))
