@@ -211,11 +211,32 @@ def _reconcile(host, config, progress, problems, kernels=None, rebuild=None, dry
     return doc
 
 
+def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) -> dict:
+    """APT's DPkg::Pre-Install-Pkgs door: remove our override before dpkg unpacks a different NVIDIA
+    driver. The removals go on when no record can be written (defect 4): a failed record must never leave
+    the override in place across a driver upgrade."""
+    snap = observe.snapshot(host)
+    steps = rc.pre_install_plan(snap, chg)
+    results = st.execute(host, config, steps, snap, progress, problems)
+    # what the system looked like when we acted: proves the removal came before dpkg unpacked
+    intents.append_history(host, {"event": "apt-pre-install", "time": intents.now(),
+                                  "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}" for c in chg],
+                                  "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
+                                  "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")]})
+    for s, r in zip(steps, results):
+        if r.get("ok"):
+            # say why in status even if the post step never runs (e.g. the upgrade is aborted)
+            rio.write_rollback(host, s.kernel, s.reason, problems, code="driver-changing",
+                               remedy="spark-memsaver rebuilds for the new driver after the upgrade when it is "
+                               "supported.", driver_from=s.driver_from, driver_to=s.driver_to)
+    return {"ok": all(r.get("ok") for r in results), "changes": chg, "steps": results}
+
+
 def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
     """Do ``op`` (see the module docstring) and return what was done. Named errors on refusal/failure."""
     if op not in OPS:
         raise UsageError(f"unknown operation {op!r} (one of: {', '.join(OPS)})")
-    from spark_memsaver.act import activate as act_activate, apt_door, rollback as act_rollback
+    from spark_memsaver.act import activate as act_activate, rollback as act_rollback
     problems: list = []
     if op == "reconcile":
         args = dict(args)
@@ -231,7 +252,7 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
     if op == "activate" and (args.get("dry_run") or not host.is_live):
         return act_activate.activate(host, config, progress, **args)
     if op == "apt-pre-install":
-        changes = apt_door.changes(args.get("text", ""))
+        changes = rc.driver_changes(rc.parse_apt_hook(args.get("text", "")))
         if not changes:
             return {"ok": True, "changes": [], "steps": []}
     with locked(host, wait=lock_wait, progress=progress, purpose=op):
@@ -249,7 +270,7 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
         elif op == "activate":
             doc = act_activate.activate(host, config, progress, **args)
         else:
-            doc = apt_door.pre_install(host, config, changes, progress, problems)
+            doc = _apt_pre_install(host, config, changes, progress, problems)
     if recovered:
         doc["recovered"] = recovered
     if problems:

@@ -1,7 +1,7 @@
 """APT's DPkg::Pre-Install-Pkgs protocol (versions 1-3) and the door's plan. Pure; no I/O.
 
 Which NVIDIA driver packages an APT run changes, and which kernels' overrides must go before dpkg unpacks
-them (act/apt_door.py acts on the plan, through act/executor.py).
+them (act/executor.py acts on the plan, op "apt-pre-install").
 """
 
 from __future__ import annotations
