@@ -511,7 +511,8 @@ def test_sighup_reloads_config_bad_config_is_reported_and_sigterm_exits(bus, dae
         d.wait(prom.exists, "the Prometheus textfile")
         text = prom.read_text()
         assert f"spark_memsaver_pagetable_backing_bytes {d.prop('BackingBytes')}" in text
-        assert "spark_memsaver_packing_active 1" in text
+        # schema of the series: monitoring/README.md (packing_active carries driver/kernel/tier labels since #15)
+        assert re.search(r'^spark_memsaver_packing_active\{driver="[^"]*",kernel="[^"]*",tier="[^"]*"\} 1$', text, re.M)
         assert stat.S_IMODE(prom.stat().st_mode) == 0o644
         assert not [p for p in prom.parent.iterdir() if p.name.endswith(".tmp")]
         cfg.write_text("interval: 120\n")

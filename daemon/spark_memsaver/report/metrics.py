@@ -52,8 +52,12 @@ def _rfc3339_to_unix(text) -> int:
     return 0
 
 
-def exposition(doc: dict, *, sample_time: float | None = None) -> str:
-    """The exposition text for one status document (schema 1 or newer)."""
+def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | None = None) -> str:
+    """The exposition text for one status document (schema 1 or newer).
+
+    ``sample`` (the daemon's monitoring sample, service/monitor.py) is fresher than the document for the
+    live figures: when given, its backing/saved bytes and packing flag are used, and the memory series of the
+    sample are added (``pagetable_backing_bytes``, ``pagetable_stock_bytes``, ``memory_*_bytes``)."""
     host = doc.get("host") or {}
     driver = (doc.get("driver") or {}).get("loaded_version") or ""
     kernel = host.get("kernel") or ""
@@ -78,6 +82,11 @@ def exposition(doc: dict, *, sample_time: float | None = None) -> str:
     metric("state", "gauge", "1 for the node's status state, 0 for every other state.",
            [({"state": s}, int(s == state)) for s in STATES])
     active = bool(packing.get("active")) if isinstance(packing, dict) else False
+    sample = sample or {}
+    if sample.get("backing_bytes") is not None:
+        memory = dict(memory, pagetable_backing=sample["backing_bytes"], saved=sample.get("saved_bytes"))
+    if "packing_active" in sample:
+        active = bool(sample["packing_active"])
     metric("saved_bytes", "gauge", "Bytes of page-table backing memory saved by packing (0 when inactive).",
            [(common, int(memory.get("saved") or 0))])
     metric("backing_bytes", "gauge", "Bytes of memory now backing GPU page tables (0 when unknown).",
@@ -100,6 +109,13 @@ def exposition(doc: dict, *, sample_time: float | None = None) -> str:
     findings = doc.get("findings") or []
     metric("findings", "gauge", "Findings of the last status, by severity.",
            [({"severity": sev}, sum(1 for f in findings if f.get("severity") == sev)) for sev in SEVERITIES])
+    for name, key, help_ in (
+            ("pagetable_backing_bytes", "backing_bytes", "Bytes backing GPU page tables at the last sample."),
+            ("pagetable_stock_bytes", "stock_bytes", "Bytes the same tables would take in the stock nvidia-uvm."),
+            ("memory_total_bytes", "mem_total", "MemTotal at the last sample."),
+            ("memory_available_bytes", "mem_available", "MemAvailable at the last sample.")):
+        if sample.get(key) is not None:
+            metric(name, "gauge", help_, [({}, int(sample[key]))])
     when = sample_time if sample_time is not None else _rfc3339_to_unix(doc.get("generated_at")) or time.time()
     metric("last_sample_timestamp_seconds", "gauge", "Unix time of the sample these figures come from.",
            [({}, round(float(when), 3))])

@@ -80,37 +80,6 @@ def unpack(row: tuple) -> dict:
     return d
 
 
-_METRICS = (
-    ("pagetable_backing_bytes", "backing_bytes", "Bytes of CPU memory backing GPU page tables (patched nvidia-uvm)."),
-    ("pagetable_stock_bytes", "stock_bytes", "Bytes the same page tables would take in the stock nvidia-uvm."),
-    ("saved_bytes", "saved_bytes", "Bytes saved by page-table packing."),
-    ("memory_total_bytes", "mem_total", "Total memory (MemTotal)."),
-    ("memory_available_bytes", "mem_available", "Available memory (MemAvailable)."),
-)
-
-
-def prometheus_text(sample: dict, state: str, version: str) -> str:
-    out = []
-    for metric, key, help_ in _METRICS:
-        value = sample.get(key)
-        if value is None:
-            continue
-        out += [f"# HELP spark_memsaver_{metric} {help_}", f"# TYPE spark_memsaver_{metric} gauge",
-                f"spark_memsaver_{metric} {int(value)}"]
-    for metric, key, help_ in (("packing_active", "packing_active", "1 when packing is active."),
-                               ("uvm_patched", "uvm_patched", "1 when the loaded nvidia-uvm is ours.")):
-        out += [f"# HELP spark_memsaver_{metric} {help_}", f"# TYPE spark_memsaver_{metric} gauge",
-                f"spark_memsaver_{metric} {1 if sample.get(key) else 0}"]
-    safe_state = "".join(c for c in state if c.isalnum() or c in "-_")
-    safe_version = "".join(c for c in version if c.isalnum() or c in ".-_+~")
-    out += ["# HELP spark_memsaver_info State of spark-memsaver (label state).", "# TYPE spark_memsaver_info gauge",
-            f'spark_memsaver_info{{state="{safe_state}",version="{safe_version}"}} 1',
-            "# HELP spark_memsaver_sample_timestamp_seconds When the sample was taken.",
-            "# TYPE spark_memsaver_sample_timestamp_seconds gauge",
-            f"spark_memsaver_sample_timestamp_seconds {sample['time']}"]
-    return "\n".join(out) + "\n"
-
-
 def write_atomic(path: str, text: str) -> None:
     """Write beside the target, then rename over it: node_exporter never reads a half-written file.
     Not fsynced: the file is rewritten every interval."""
@@ -119,12 +88,16 @@ def write_atomic(path: str, text: str) -> None:
     atomic_write(path, text, 0o644, durable=False)
 
 
+DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/spark-memsaver.prom"
+
+
 class Monitor:
     """Owns the sampling timer, the history ring and the event watches. Main loop only."""
 
     def __init__(self, host: Host, config, *, on_sample: Callable[[dict], None],
                  on_module_event: Callable[[str, str], None], on_paths_changed: Callable[[list[str]], None],
-                 state_of: Callable[[], str] = lambda: "unknown", version: str = ""):
+                 state_of: Callable[[], str] = lambda: "unknown", version: str = "",
+                 document_of: Callable[[], dict | None] = lambda: None):
         self.host = host
         self.config = config
         self.history: collections.deque = collections.deque(maxlen=config.history_size)
@@ -132,6 +105,7 @@ class Monitor:
         self._on_module_event = on_module_event
         self._on_paths_changed = on_paths_changed
         self._state_of = state_of
+        self._document_of = document_of
         self._version = version
         self._timer = None
         self._settle = None
@@ -189,20 +163,44 @@ class Monitor:
             s = {"time": round(time.time(), 3), "reason": reason, "error": f"{type(e).__name__}: {e}"}
         uvm = s.pop("_uvm", None)
         self.history.append(pack(s))
-        if self.config.prometheus_textfile:
+        if self.textfile_path():
             self._write_prometheus(s)
         self._on_sample(dict(s, _uvm=uvm))
         return s
 
-    def _write_prometheus(self, s: dict) -> None:
-        path = str(self.host.path(self.config.prometheus_textfile))
+    def textfile_path(self) -> str | None:
+        """Where the exposition goes: the configured file, 'off' for nowhere, and by default node_exporter's
+        textfile directory when it exists (Debian's and Ubuntu's prometheus-node-exporter read it)."""
+        configured = self.config.prometheus_textfile
+        if configured == "off":
+            return None
+        if configured:
+            return configured
+        return DEFAULT_TEXTFILE if os.path.isdir(self.host.path(os.path.dirname(DEFAULT_TEXTFILE))) else None
+
+    def _write_prometheus(self, s: dict | None = None) -> None:
+        """Write the exposition (report/metrics.py) of the latest status document with this sample's time.
+        Nothing is written before the first document: every write carries the full set of series."""
+        path = self.textfile_path()
+        doc = self._document_of()
+        if path is None or doc is None:
+            return
+        from spark_memsaver.report.metrics import exposition
+
+        s = s if s is not None else (unpack(self.history[-1]) if self.history else {})
+        text = exposition(doc, sample_time=s.get("time"), sample=s)
+        path = str(self.host.path(path))
         try:
-            write_atomic(path, prometheus_text(s, self._state_of(), self._version))
+            write_atomic(path, text)
             self._prom_warned = False
         except OSError as e:
             if not self._prom_warned:   # once per failure streak, not once a minute
                 log.warning("cannot write Prometheus textfile %s: %s", path, e.strerror or e)
                 self._prom_warned = True
+
+    def document_changed(self) -> None:
+        """Called by the daemon when a new status document is in: the textfile follows at once."""
+        self._write_prometheus()
 
     def samples(self) -> list[dict]:
         return [unpack(r) for r in self.history]
