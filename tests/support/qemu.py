@@ -299,3 +299,87 @@ BAD_PATTERNS = tuple(re.compile(p) for p in (
 
 def bad_lines(log: str) -> list[str]:
     return [ln for ln in log.splitlines() if any(p.search(ln) for p in BAD_PATTERNS)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The load-time guard in a real boot: Debian's kmod:arm64 (with its libraries), the committed modprobe
+# rule and uvm-guard, and stand-in nvidia / nvidia-uvm modules (tests/kernel/standin).
+
+# dash: the guard is a #!/bin/sh script and real systems run it under dash; busybox's ash would run its
+# own modinfo/modprobe applets instead of kmod's (FEATURE_PREFER_APPLETS), whatever PATH says.
+KMOD_DEBS = ("dash:arm64", "kmod:arm64", "libkmod2:arm64", "libc6:arm64", "libssl3t64:arm64", "zlib1g:arm64", "libzstd1:arm64")
+
+
+def kmod_root() -> Path:
+    d = cache.cache_dir() / "kernel" / "kmod-arm64"
+    if not (d / _READY).exists():
+        with cache.locked("kmod-arm64"):
+            if not (d / _READY).exists():
+                shutil.rmtree(d, ignore_errors=True)
+                for deb in download(_apt(), list(KMOD_DEBS), d / "debs"):
+                    _run(["dpkg-deb", "-x", deb, d / "x"])
+                (d / _READY).write_text("ok\n")
+    return d / "x"
+
+
+def standin_module(k: Kernel, dest: Path, name: str, version: str, variant: str, ours: bool) -> Path:
+    """A stand-in nvidia.ko / nvidia-uvm.ko (module name, .modinfo version, tag) built against k."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(KDIR / "standin" / "standin.c", dest / "standin.c")
+    flags = f"-DSTANDIN_VERSION='\"{version}\"' -DSTANDIN_VARIANT='\"{variant}\"'" + (" -DSTANDIN_OURS" if ours else "")
+    (dest / "Kbuild").write_text(f"obj-m := {name}.o\n{name}-y := standin.o\nccflags-y := {flags}\n")
+    extra = [f"KERNELRELEASE={k.release}"] if k.kind.startswith("debian") else []
+    _run(["make", "-C", k.tree, f"M={dest}", "ARCH=arm64", f"CROSS_COMPILE={CROSS}", *extra, "modules"])
+    return dest / f"{name}.ko"
+
+
+def guard_initramfs(k: Kernel, work: Path, dest: Path) -> Path:
+    """Initramfs for tests/kernel/guard-init.sh: cases 'match' (nvidia 580.142 = ours) and 'mismatch'."""
+    mods = {
+        "ours": standin_module(k, work / "ours", "nvidia-uvm", "580.142", "ours", True),
+        "match/nvidia.ko": standin_module(k, work / "nv1", "nvidia", "580.142", "nvidia", False),
+        "match/nvidia-uvm.ko": standin_module(k, work / "st1", "nvidia-uvm", "580.142", "stock-580.142", False),
+        "mismatch/nvidia.ko": standin_module(k, work / "nv2", "nvidia", "580.95.05", "nvidia", False),
+        "mismatch/nvidia-uvm.ko": standin_module(k, work / "st2", "nvidia-uvm", "580.95.05", "stock-580.95.05",
+                                                 False),
+    }
+    km = kmod_root()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for d in ("bin", "proc", "sys", "dev", "tmp", "run", "usr/sbin", "usr/bin", "usr/lib/aarch64-linux-gnu",
+                  "usr/lib/modprobe.d", "usr/lib/spark-memsaver", "etc", "var/lib"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "lib").symlink_to("usr/lib")
+        shutil.copy(busybox(), root / "bin/busybox")
+        shutil.copy(km / "usr/bin/dash", root / "bin/dash")
+        (root / "bin/sh").symlink_to("dash")
+        shutil.copy(km / "usr/bin/kmod", root / "usr/bin/kmod")
+        for tool in ("modprobe", "modinfo", "insmod", "rmmod", "depmod", "lsmod"):
+            (root / "usr/sbin" / tool).symlink_to("../bin/kmod")
+        libs = km / "usr/lib/aarch64-linux-gnu"
+        for lib in ("ld-linux-aarch64.so.1", "libc.so.6", "libkmod.so.2", "libssl.so.3", "libcrypto.so.3",
+                    "libz.so.1", "libzstd.so.1"):
+            shutil.copy(libs / lib, root / "usr/lib/aarch64-linux-gnu" / lib, follow_symlinks=True)
+        (root / "usr/lib/ld-linux-aarch64.so.1").symlink_to("aarch64-linux-gnu/ld-linux-aarch64.so.1")
+        # the committed files, unchanged
+        shutil.copy(REPO / "systemd/modprobe.d/spark-memsaver.conf", root / "usr/lib/modprobe.d/spark-memsaver.conf")
+        shutil.copy(REPO / "systemd/guard/uvm-guard", root / "usr/lib/spark-memsaver/uvm-guard")
+        os.chmod(root / "usr/lib/spark-memsaver/uvm-guard", 0o755)
+        kdir = root / "usr/lib/modules" / k.release
+        (kdir / "updates/dkms").mkdir(parents=True)
+        (kdir / "kernel/drivers/video").mkdir(parents=True)
+        shutil.copy(mods["ours"], kdir / "updates/dkms/nvidia-uvm.ko")
+        # this VM has no modules of its own: empty lists, so depmod has nothing to warn about
+        for f in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+            (kdir / f).write_text("")
+        for case in ("match", "mismatch"):
+            (root / "cases" / case).mkdir(parents=True)
+            for f in ("nvidia.ko", "nvidia-uvm.ko"):
+                shutil.copy(mods[f"{case}/{f}"], root / "cases" / case / f)
+        shutil.copy(KDIR / "guard-init.sh", root / "init")
+        os.chmod(root / "init", 0o755)
+        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
+                            input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
+        dest.write_bytes(gzip.compress(cp.stdout, 6))
+    return dest
