@@ -50,12 +50,13 @@ from spark_memsaver import __version__
 from spark_memsaver.act import signing as sig
 from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, NotPermitted, SecureBootUnknown
 from spark_memsaver.host import Host
+from spark_memsaver.observe import modules
 
 log = logging.getLogger("spark_memsaver.act.dkms")
 
 PACKAGE = "spark-memsaver-uvm"
 MODULE = "nvidia-uvm"
-PATCH_ID = "uvm-pt-pack/1"
+PATCH_ID = modules.PATCH_ID
 DKMS_TREE = "/var/lib/dkms"
 SRC_ROOT = "/usr/src"
 STATE_DIR = "/var/lib/spark-memsaver/dkms"
@@ -304,38 +305,20 @@ def dkms_version(host: Host) -> str:
 
 
 def _modinfo_path(host: Host, kernel: str, name: str) -> str | None:
-    argv = ["modinfo", "-k", kernel, "-n", name]
-    if not host.is_live:
-        argv[1:1] = ["-b", str(host.root)]
-    r = host.run(argv, timeout=30)
-    p = r.stdout.strip()
-    if r.returncode != 0 or not p:
-        return None
-    if not host.is_live and p.startswith(str(host.root)):
-        p = "/" + os.path.relpath(p, host.root)
-    return p
+    """The file modprobe selects for ``name`` (observe/modules.py), or None when none can be read."""
+    return modules.read_selected(host, kernel, name).get("path")
 
 
 def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | None:
-    """The file module loading selects for `name` on `kernel` (modinfo -k K), with its modinfo."""
-    from spark_memsaver.observe.snapshot import parse_modinfo
-    argv = ["modinfo", "-k", kernel, name]
-    if not host.is_live:
-        argv[1:1] = ["-b", str(host.root)]
-    r = host.run(argv, timeout=60)
-    if r.returncode != 0:
+    """The file module loading selects for `name` on `kernel` (observe/modules.py, the one reader), or None
+    when nothing is selected or the selection cannot be read (callers treat both as "not ours", never as a
+    verified stock file: verification compares paths and digests)."""
+    sel = modules.read_selected(host, kernel, name, digest=digest)
+    if sel["state"] in ("none", "builtin", "unreadable"):
         return None
-    info = parse_modinfo(r.stdout)
-    p = info.get("filename")
-    if not p or p in ("(builtin)",):
-        return None
-    if not host.is_live and p.startswith(str(host.root)):
-        p = "/" + os.path.relpath(p, host.root)
-    parms = sorted({x.split(":", 1)[0] for x in info.get("parm", [])})
-    return {"path": p, "version": info.get("version"), "srcversion": info.get("srcversion"),
-            "vermagic": (info.get("vermagic") or "").split(" ")[0], "patch_id": info.get("spark_memsaver"),
-            "ours": info.get("spark_memsaver") == PATCH_ID or "uvm_pt_pack" in parms,
-            "sha256": sha256(host.path(p)) if digest else None}
+    return {"path": sel["path"], "version": sel.get("version"), "srcversion": sel.get("srcversion"),
+            "vermagic": (sel.get("vermagic") or "").split(" ")[0], "patch_id": sel.get("patch_id"),
+            "ours": sel["state"] == "ours", "state": sel["state"], "sha256": sel.get("sha256")}
 
 
 def kernel_config(host: Host, kernel: str) -> dict:
@@ -905,11 +888,16 @@ def verify_installed(host: Host, kernel: str) -> dict:
     ``ok`` means: our module is selected, identical to DKMS's built copy, and passes the same checks
     as the PRE_INSTALL guard against the nvidia.ko selected for that kernel.
     """
+    raw = modules.read_selected(host, kernel, MODULE)
     sel = selected(host, kernel, MODULE)
     nv = selected(host, kernel, "nvidia", digest=False)
     ver = installed_version(host, kernel)
     out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": bool(sel and sel.get("ours")),
-           "installed_version": ver, "nvidia": nv, "matches_dkms_copy": False, "ok": False, "problems": []}
+           "state": raw["state"], "installed_version": ver, "nvidia": nv, "matches_dkms_copy": False,
+           "ok": False, "problems": []}
+    if raw["state"] == "unreadable":
+        out["problems"].append(f"the {MODULE} selected for {kernel} cannot be read: {raw.get('error')}")
+        return out
     if sel is None:
         out["problems"].append(f"no {MODULE} is selected for {kernel}")
         return out
@@ -1051,11 +1039,8 @@ def restore_stock(host: Host, kernel: str) -> dict:
     for s in _SUFFIXES:
         p = host.path(installed_path(host, kernel, s))
         if p.is_file():
-            try:
-                info, _ = kotool().modinfo(str(p))
-            except Exception:
-                continue
-            if info.get("spark_memsaver") == PATCH_ID and installed_version(host, kernel) is None:
+            if modules.read_file(host, installed_path(host, kernel, s))["state"] == "ours" \
+                    and installed_version(host, kernel) is None:
                 p.unlink()
                 actions.append(f"removed leftover {installed_path(host, kernel, s)}")
     # 2. The stock file must be back where the driver package put it (DKMS >= 3.1 moves it to
@@ -1101,12 +1086,8 @@ def restore_stock(host: Host, kernel: str) -> dict:
 
 
 def _file_is_ours(host: Host, path: str) -> bool:
-    """Whether the module file at ``path`` is our patched nvidia-uvm (its modinfo tag)."""
-    try:
-        info, _ = kotool().modinfo(str(host.path(path)))
-    except Exception:
-        return False
-    return info.get("spark_memsaver") == PATCH_ID
+    """Whether the module file at ``path`` is our patched nvidia-uvm (observe/modules.py's test)."""
+    return modules.is_ours_file(host, path)
 
 
 def _backup_originals(host: Host, kernel: str) -> None:

@@ -10,6 +10,7 @@ import os
 import re
 import time
 
+from spark_memsaver.observe import modules
 from spark_memsaver.observe.counters import CountersError, parse_stats
 from spark_memsaver.host import Host
 
@@ -83,58 +84,23 @@ def observe_host(host: Host) -> dict:
 # --- modules -----------------------------------------------------------------------------------
 
 def parse_modinfo(text: str) -> dict:
-    """modinfo's 'field: value' lines; repeated fields (parm, alias, sig_key lines) become lists."""
-    info: dict = {}
-    last = None
-    for line in text.splitlines():
-        m = re.match(r"^([A-Za-z0-9_]+):\s*(.*)$", line)
-        if m:
-            key, value = m.group(1), m.group(2).strip()
-            if key in ("parm", "alias", "firmware", "import_ns"):
-                info.setdefault(key, []).append(value)
-            else:
-                info[key] = value
-            last = key
-        elif last == "sig_hashalgo" or (last and line.startswith("\t")):
-            # continuation lines of signature / sig_key dumps
-            info[last] = (info.get(last, "") + line.strip()) if isinstance(info.get(last), str) else info.get(last)
-    return info
+    """modinfo's 'field: value' lines (the one parser lives in observe/modules.py)."""
+    return modules.parse_modinfo(text)
 
 
 def module_info(host: Host, release: str, name: str) -> dict | None:
-    """Which file module loading would select for ``name`` on kernel ``release``, with its modinfo."""
-    argv = ["modinfo", "-k", release, name]
-    if not host.is_live:
-        argv[1:1] = ["-b", str(host.root)]
-    try:
-        r = host.run(argv, timeout=10)
-    except Exception as e:  # modinfo missing or hung: the snapshot says so
-        return {"error": str(e)}
-    if r.returncode != 0:
-        return None
-    info = parse_modinfo(r.stdout)
-    fn = info.get("filename", "")
-    if fn and not host.is_live and fn.startswith(str(host.root)):
-        info["filename"] = "/" + os.path.relpath(fn, host.root)
-    return info
+    """Which file module loading would select for ``name`` on kernel ``release`` (observe/modules.py):
+    None when modinfo says it is not found; {"error": ...} when the selection cannot be read."""
+    sel = modules.read_selected(host, release, name)
+    return None if sel["state"] == "none" else sel
 
 
 def describe_module(info: dict | None) -> dict | None:
     if info is None:
         return None
-    if "error" in info:
-        return {"path": None, "error": info["error"]}
-    parms = [p.split(":", 1)[0] for p in info.get("parm", [])]
-    return {
-        "path": info.get("filename"),
-        "version": info.get("version"),
-        "srcversion": info.get("srcversion"),
-        "vermagic": info.get("vermagic"),
-        "signer": info.get("signer"),
-        "depends": [d for d in info.get("depends", "").split(",") if d],
-        "patched": OUR_TAG in info or "uvm_pt_pack" in parms,
-        "patch_id": info.get(OUR_TAG),
-    }
+    if "state" not in info:  # an old-style {"error": ...} answer
+        return {"path": None, "error": info.get("error"), "state": "unreadable"}
+    return modules.describe(info)
 
 
 def installed_kernels(host: Host) -> list[str]:
