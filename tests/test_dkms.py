@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from spark_memsaver.act import dkms
+from spark_memsaver.act import override
 from spark_memsaver.act import signing
 from spark_memsaver.act import patch as uvm_patch
 from spark_memsaver.config import Config
@@ -417,7 +418,7 @@ def test_install_refusal_by_dkms_is_detected(host_env, built, monkeypatch):
     file we must report InstallRefused and leave the stock module selected and nothing registered as
     installed."""
     host, kernel, stock = host_env
-    monkeypatch.setattr(dkms, "ensure_host_files", lambda h: [])
+    monkeypatch.setattr(override, "ensure_host_files", lambda h: [])  # install lives in act/override.py
     force = Path(dkms.FORCE_FILE)
     saved = force.read_text() if force.exists() else None
     force.unlink(missing_ok=True)

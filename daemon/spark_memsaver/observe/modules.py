@@ -151,7 +151,7 @@ def read_selected(host: Host, kernel: str, name: str = UVM, *, digest: bool = Fa
 def read_file(host: Host, path: str) -> dict:
     """The fields of the module FILE at host path ``path`` (stdlib ELF reader of the kotool; .ko/.xz/.gz, .zst
     through zstd); ``unreadable`` when it cannot be read or decompressed."""
-    from spark_memsaver.act.dkms import kotool  # the kotool is imported by file path (dkms data dir)
+    from spark_memsaver.act.dkms_run import kotool  # the kotool is imported by file path (dkms data dir)
     kt = kotool()
     try:
         info, _ = kt.modinfo(str(host.path(path)))

@@ -1,0 +1,212 @@
+"""The build engine: preflight (headers, policy, nvidia.ko, source, patch) -> signing -> render -> dkms add/build
+-> verify the built module. Takes no lock and writes no intent (act/executor.py does both)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+
+from spark_memsaver.act import signing as sig
+from spark_memsaver.host import Host
+from spark_memsaver.act.dkms_run import BUILD_TIMEOUT, LOG_DIR, PATCH_ID, _dkms, _modinfo_path, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, dkms_version, find_driver_source, kernel_config, kotool, policy_check, running_kernel, selected
+from spark_memsaver.act.dkms_errors import BuiltModuleMissing, DriverMismatch, DriverSourceCorrupt, HeadersMissing, NoNvidiaDriver, VerificationFailed
+from spark_memsaver.observe.dkms import DKMS_TREE, MODULE, PACKAGE, SRC_ROOT, _arch_dirs, built_module, dkms_version_string, installed_version, kernels_of
+from spark_memsaver.act.render import _forget_registration, recover_broken, render
+
+
+def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> dict:
+    """Every check that can refuse before anything is written or compiled."""
+    from spark_memsaver.act import patch as uvm_patch
+    if not host.exists(f"/lib/modules/{kernel}/build/Makefile"):
+        raise HeadersMissing(f"kernel headers for {kernel} are not installed (/lib/modules/{kernel}/build)",
+                             kernel=kernel)
+    policy_check(host, config, kernel)
+    nv = selected(host, kernel, "nvidia", digest=False)
+    if nv is None or not nv.get("version"):
+        raise NoNvidiaDriver(f"no nvidia.ko is installed for kernel {kernel}", kernel=kernel)
+    driver = nv["version"]
+    if driver_version and driver_version != driver:
+        raise DriverMismatch(f"kernel {kernel} loads nvidia.ko {driver} ({nv['path']}), not {driver_version}",
+                             kernel=kernel, driver=driver)
+    src = find_driver_source(host, driver)
+    try:
+        chk = uvm_patch.check_source(host.path(src), runner=host.runner)
+    except uvm_patch.SourceTreeInvalid as e:
+        raise DriverSourceCorrupt(f"{src}: {e.message}", source=src) from None
+    chk.pop("_selection", None)
+    return {"kernel": kernel, "driver": driver, "nvidia_ko": nv["path"], "source": src, "patch": chk}
+
+
+def _signing_for(host: Host, config, kernel: str) -> dict:
+    if host.is_live:
+        signs = kotool().kernel_signs_modules(kernel)
+    else:
+        signs = kernel_config(host, kernel).get("CONFIG_MODULE_SIG") == "y"
+    if not signs:
+        return {"applies": False, "reason": f"kernel {kernel} does not check module signatures (CONFIG_MODULE_SIG unset)"}
+    s = sig.ensure(host, config)
+    s["applies"] = True
+    return s
+
+
+def _progress_poller(host: Host, ver: str, progress):
+    logp = host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}/build/make.log")
+    state = {"total": 0, "frac": 0.0, "msg": "starting dkms build"}
+
+    def poll():
+        try:
+            text = logp.read_text(errors="replace")
+        except OSError:
+            return
+        for m in re.finditer(r"^spark-memsaver-progress-total: (\d+)", text, re.M):
+            state["total"] = int(m.group(1))
+        marks = re.findall(r"^spark-memsaver-progress: ([0-9.]+) (.*)$", text, re.M)
+        if marks:
+            state["frac"], state["msg"] = max(state["frac"], float(marks[-1][0])), marks[-1][1]
+        cc = len(re.findall(r"^\s+CC \[M\]\s+\S+/nvidia-uvm/", text, re.M))
+        frac, msg = state["frac"], state["msg"]
+        if state["total"] and cc:
+            frac = max(frac, 0.10 + 0.85 * min(1.0, cc / state["total"]))
+            msg = f"compiling nvidia-uvm ({cc}/{state['total']})"
+        if "LD [M]" in text and "nvidia-uvm.ko" in text:
+            frac, msg = max(frac, 0.96), "linking nvidia-uvm.ko"
+        progress(frac, msg)
+    return poll
+
+
+def _save_log(host: Host, ver: str, kernel: str) -> str | None:
+    for cand in (f"{DKMS_TREE}/{PACKAGE}/{ver}/build/make.log",
+                 *[str(a / "log" / "make.log") for a in _arch_dirs(host, ver, kernel)]):
+        p = host.path(cand) if cand.startswith("/var") else Path(cand)
+        if p.is_file():
+            dst = host.path(f"{LOG_DIR}/dkms-build-{ver}-{kernel}.log")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, dst)
+            return f"{LOG_DIR}/dkms-build-{ver}-{kernel}.log"
+    return None
+
+
+def _verify_built(host: Host, ver: str, kernel: str, driver: str, signing: dict) -> dict:
+    ko = built_module(host, ver, kernel)
+    if ko is None:
+        raise BuiltModuleMissing(f"DKMS reports a build for {kernel} but no {MODULE}.ko is in its tree")
+    nv = _modinfo_path(host, kernel, "nvidia")
+    record = sig.read_record(host) if signing.get("applies") else None
+    res = kotool().verify(str(ko), kernel, driver, nvidia_ko=str(host.path(nv)) if nv else None,
+                          signing=record, tag=PATCH_ID)
+    if signing.get("applies") and not res["facts"].get("signing_applies") and host.is_live:
+        res["problems"].append("the kernel signs modules but the signing check did not run")
+        res["ok"] = False
+    res["module"] = str(ko)
+    return res
+
+
+def _unbuild(host: Host, ver: str, kernel: str) -> None:
+    r = _dkms(host, ["unbuild", "-m", PACKAGE, "-v", ver, "-k", kernel], timeout=600)
+    if not r.ok and built_module(host, ver, kernel) is not None:
+        _raise_for_dkms(r, f"dkms unbuild {PACKAGE}/{ver} -k {kernel}")
+
+
+def _drop_if_empty(host: Host, ver: str) -> None:
+    """Remove the registration (and our /usr/src tree) when no kernel has a build of it."""
+    if kernels_of(host, ver):
+        return
+    if host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
+        r = _dkms(host, ["remove", "-m", PACKAGE, "-v", ver, "--all"], timeout=600)
+        if not r.ok and host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
+            _forget_registration(host, ver)
+    src = host.path(f"{SRC_ROOT}/{PACKAGE}-{ver}")
+    if src.is_dir() and (src / "spark-memsaver.json").exists():
+        shutil.rmtree(src)
+    base = host.path(f"{DKMS_TREE}/{PACKAGE}")
+    if base.is_dir() and not any(base.iterdir()):
+        base.rmdir()
+
+
+def _jobs() -> str:
+    env = os.environ.get("SPARK_MEMSAVER_BUILD_JOBS", "")
+    return env if env.isdigit() and int(env) > 0 else str(os.cpu_count() or 1)
+
+
+def _build_locked(host: Host, config, kernel: str, driver_version: str | None, progress, force: bool) -> dict:
+    t0 = time.monotonic()
+    progress = progress or _noop
+    progress(0.0, f"checking {kernel}")
+    dv = dkms_version(host)
+    recovered = recover_broken(host, config)
+    pre = _preflight(host, config, kernel, driver_version)
+    driver = pre["driver"]
+    ver = dkms_version_string(driver)
+    progress(0.01, "settling the signing key")
+    signing = _signing_for(host, config, kernel)
+    rendered = render(host, config, driver, pre["source"])
+    result = {"kernel": kernel, "driver": driver, "dkms_version": ver, "dkms": dv, "package": PACKAGE,
+              "source": rendered["path"], "nvidia_source": pre["source"], "patch": pre["patch"],
+              "signing": {k: signing.get(k) for k in ("applies", "reason", "key", "cert", "subject", "serial",
+                                                       "sha256", "created", "changes_global_signing", "replaces")
+                          if k in signing},
+              "recovered": recovered}
+    if not force and not rendered["changed"] and built_module(host, ver, kernel) is not None:
+        v = _verify_built(host, ver, kernel, driver, signing)
+        if v["ok"]:
+            result.update(status="already-built", module=v["module"], verification=v, seconds=0.0,
+                          log=None)
+            progress(1.0, "already built" + (" and installed" if installed_version(host, kernel) == ver else ""))
+            return result
+    if not host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
+        r = _dkms(host, ["add", "-m", PACKAGE, "-v", ver], timeout=120)
+        if not r.ok:
+            _raise_for_dkms(r, f"dkms add {PACKAGE}/{ver}")
+    if installed_version(host, kernel) == ver:
+        _uninstall_kernel(host, ver, kernel)  # rebuilding: `install` puts the new build in place
+        result["uninstalled_for_rebuild"] = True
+    if kernel in kernels_of(host, ver):
+        _unbuild(host, ver, kernel)
+    progress(0.02, "dkms build")
+    res = _dkms(host, ["build", "-m", PACKAGE, "-v", ver, "-k", kernel, "-j", _jobs()], timeout=BUILD_TIMEOUT,
+                poll=_progress_poller(host, ver, _scaled(progress, 0.02, 0.97)))
+    logp = _save_log(host, ver, kernel)
+    result["log"] = logp
+    if not res.ok:
+        try:
+            _raise_for_dkms(res, f"dkms build {PACKAGE}/{ver} for {kernel}", str(host.path(logp)) if logp else None)
+        finally:
+            if kernel in kernels_of(host, ver) and built_module(host, ver, kernel) is None:
+                _unbuild(host, ver, kernel)
+            _drop_if_empty(host, ver)
+    ver_res = _verify_built(host, ver, kernel, driver, signing)
+    result["verification"] = ver_res
+    if not ver_res["ok"]:
+        _unbuild(host, ver, kernel)
+        _drop_if_empty(host, ver)
+        raise VerificationFailed(f"the module DKMS built for {kernel} failed verification: "
+                                 + "; ".join(ver_res["problems"]), problems=ver_res["problems"], log=logp)
+    if signing.get("applies"):
+        sig.record_signed(host, {"module": ver_res["module"], "dkms_version": ver, "kernel": kernel,
+                                 "signer": ver_res["facts"].get("signer"), "serial": ver_res["facts"].get("sig_key"),
+                                 "cert": signing.get("cert"), "cert_sha256": signing.get("sha256")})
+    result.update(status="built", module=ver_res["module"], seconds=round(time.monotonic() - t0, 1))
+    progress(1.0, f"built {PACKAGE}/{ver} for {kernel}")
+    return result
+
+
+def build(host: Host, config, kernel: str | None = None, driver_version: str | None = None, progress=None,
+          force: bool = False) -> dict:
+    """Render, register and build the patched nvidia-uvm for `kernel` (default: the running kernel).
+
+    The driver version is the version of the nvidia.ko selected for that kernel; ``driver_version``, when
+    given, must equal it. Returns a dict (kernel, driver, dkms_version, module, log, signing, verification,
+    seconds, status 'built'|'already-built'). Raises a named error, leaving nothing registered that was
+    not there before, when anything refuses or fails.
+    """
+    _require_root(host)
+    kernel = kernel or running_kernel(host)
+    return _build_locked(host, config, kernel, driver_version, progress, force)
+
+
+# ------------------------------------------------------------------------------------------------
+# Install / remove

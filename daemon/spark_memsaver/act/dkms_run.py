@@ -1,0 +1,345 @@
+"""What the DKMS engines share: the dkms data dir and kotool, the one dkms/depmod/initramfs runners, the kernel
+policy check before a build, the driver source lookup, record I/O (through host/fsutil.atomic_write)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+
+
+from spark_memsaver.errors import NotPermitted
+from spark_memsaver.host import Host, fsutil
+from spark_memsaver.observe import modules
+from spark_memsaver.observe.dkms import DEPMOD_FILE, DKMS_TREE, FORCE_FILE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, installed_path, installed_version
+from spark_memsaver.act.dkms_errors import DKMS_EXIT_ERRORS, DkmsConfInvalid, DkmsError, DkmsMissing, DriverSourceCorrupt, DriverSourceMissing, HeadersMissing, KernelOutsidePolicy
+
+
+log = logging.getLogger("spark_memsaver.act.dkms")
+
+
+PATCH_ID = modules.PATCH_ID
+
+
+STATE_DIR = "/var/lib/spark-memsaver/dkms"
+
+
+LOG_DIR = "/var/lib/spark-memsaver/logs"
+
+
+TIERS = {"4k": 1, "256": 2}
+
+
+BUILD_TIMEOUT = 3600
+
+
+NICE = "5"
+
+
+def data_dir() -> Path:
+    """dkms/ (templates, kotool, depmod.d, force file): $SPARK_MEMSAVER_DKMS_DIR, the checkout, or the
+    installed copy under /usr/share/spark-memsaver/dkms."""
+    env = os.environ.get("SPARK_MEMSAVER_DKMS_DIR")
+    cands = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[3] / "dkms",
+                                             Path("/usr/share/spark-memsaver/dkms")]
+    for c in cands:
+        if (c / "templates" / "dkms.conf.j2").is_file():
+            return c
+    raise DkmsConfInvalid("DKMS templates not found (looked in: " + ", ".join(map(str, cands)) + ")")
+
+
+_KOTOOL = None
+
+
+def kotool():
+    """dkms/spark-memsaver-kotool imported as a module (the same code the PRE_INSTALL guard runs)."""
+    global _KOTOOL
+    if _KOTOOL is None:
+        path = data_dir() / "spark-memsaver-kotool"
+        loader = importlib.machinery.SourceFileLoader("spark_memsaver_kotool", str(path))
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+        _KOTOOL = mod
+    return _KOTOOL
+
+
+def sha256(path: str | Path) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _tail(text: str, n: int = 25, relevant: bool = True) -> list[str]:
+    lines = [l for l in text.splitlines() if l.strip()]
+    if relevant:
+        pick = [l for l in lines if re.search(r"error|Error|ERROR|refus|fail|FAILED|WARNING: modpost|"
+                                              r"spark-memsaver: |guard", l)]
+        if pick:
+            return pick[-n:]
+    return lines[-n:]
+
+
+def _noop(fraction: float, message: str) -> None:
+    pass
+
+
+def _scaled(progress, lo: float, hi: float):
+    progress = progress or _noop
+    return lambda f, m: progress(lo + (hi - lo) * max(0.0, min(1.0, f)), m)
+
+
+# ------------------------------------------------------------------------------------------------
+# Observation (through the host)
+
+
+def running_kernel(host: Host) -> str:
+    from spark_memsaver.observe.snapshot import observe_host
+    k = observe_host(host)["kernel"]
+    if not k:
+        raise HeadersMissing("cannot tell the running kernel; pass --kernel")
+    return k
+
+
+def dkms_cmd() -> str:
+    """The dkms program: $SPARK_MEMSAVER_DKMS (tests run other real DKMS releases this way), else dkms."""
+    return os.environ.get("SPARK_MEMSAVER_DKMS") or "dkms"
+
+
+def dkms_version(host: Host) -> str:
+    exe = host.runner.which(dkms_cmd()) if "/" not in dkms_cmd() else (dkms_cmd() if os.access(dkms_cmd(), os.X_OK) else None)
+    if not exe:
+        raise DkmsMissing("dkms is not installed")
+    r = host.run([dkms_cmd(), "--version"], timeout=30)
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", r.stdout + r.stderr)
+    return m.group(1) if m else "unknown"
+
+
+def _modinfo_path(host: Host, kernel: str, name: str) -> str | None:
+    """The file modprobe selects for ``name`` (observe/modules.py), or None when none can be read."""
+    return modules.read_selected(host, kernel, name).get("path")
+
+
+def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | None:
+    """The file module loading selects for `name` on `kernel` (observe/modules.py, the one reader), or None
+    when nothing is selected or the selection cannot be read (callers treat both as "not ours", never as a
+    verified stock file: verification compares paths and digests)."""
+    sel = modules.read_selected(host, kernel, name, digest=digest)
+    if sel["state"] in ("none", "builtin", "unreadable"):
+        return None
+    return {"path": sel["path"], "version": sel.get("version"), "srcversion": sel.get("srcversion"),
+            "vermagic": (sel.get("vermagic") or "").split(" ")[0], "patch_id": sel.get("patch_id"),
+            "ours": sel["state"] == "ours", "state": sel["state"], "sha256": sel.get("sha256")}
+
+
+def kernel_config(host: Host, kernel: str) -> dict:
+    from spark_memsaver.observe.snapshot import kernel_config as kc
+    return kc(host, kernel)
+
+
+def policy_check(host: Host, config, kernel: str) -> None:
+    if config.kernels == "all":
+        return
+    cfg = kernel_config(host, kernel)
+    if cfg.get("CONFIG_ARM64") == "y" and cfg.get("CONFIG_ARM64_64K_PAGES") == "y":
+        return
+    what = ("an arm64 kernel without 64 KiB pages" if cfg.get("CONFIG_ARM64") == "y"
+            else "not an arm64 kernel" if cfg else "a kernel whose configuration cannot be read")
+    raise KernelOutsidePolicy(f"kernel {kernel} is {what}; policy 'kernels: 64k-only' builds only for "
+                              "arm64 kernels with CONFIG_ARM64_64K_PAGES", kernel=kernel)
+
+
+def source_candidates(driver: str) -> list[str]:
+    return [f"{SRC_ROOT}/nvidia-{driver}", f"{SRC_ROOT}/nvidia-open-{driver}",
+            f"{SRC_ROOT}/nvidia-current-open-{driver}", f"{SRC_ROOT}/nvidia-current-{driver}"]
+
+
+def find_driver_source(host: Host, driver: str) -> str:
+    from spark_memsaver.act import patch as uvm_patch
+    found = [c for c in source_candidates(driver) if host.path(c).is_dir()]
+    if not found:
+        raise DriverSourceMissing(f"the NVIDIA {driver} open kernel-module source is not installed "
+                                  f"(looked for {', '.join(source_candidates(driver))})", driver=driver)
+    src = found[0]
+    try:
+        v = uvm_patch.read_tree_version(host.path(src))
+    except uvm_patch.SourceTreeInvalid as e:
+        raise DriverSourceCorrupt(f"{src} is damaged: {e.message}", source=src) from None
+    if v != driver:
+        raise DriverSourceCorrupt(f"{src} holds NVIDIA {v}, not {driver}", source=src)
+    kb = host.read_text(f"{src}/nvidia/nvidia.Kbuild") or ""
+    if not re.search(r"^NV_CONFTEST_", kb, re.M):
+        raise DriverSourceCorrupt(f"{src} is damaged: nvidia/nvidia.Kbuild is missing or has no conftest lists",
+                                  source=src)
+    for f in ("conftest.sh", "Makefile", "nvidia-uvm/uvm.c"):
+        p = host.path(f"{src}/{f}")
+        if not p.is_file() or p.stat().st_size == 0:
+            raise DriverSourceCorrupt(f"{src} is damaged: {f} is missing or empty", source=src)
+    return src
+
+
+def _require_root(host: Host) -> None:
+    if host.is_live and os.geteuid() != 0:
+        raise NotPermitted("building and installing modules needs root")
+
+
+def _raise_for_dkms(res, what: str, log_path: str | None = None, extra: str = "") -> None:
+    cls, meaning = DKMS_EXIT_ERRORS.get(res.returncode, (DkmsError, "unexpected exit status"))
+    out = (res.stdout or "") + "\n" + (res.stderr or "")
+    if res.returncode == 1 and re.search(r"kernel headers .* cannot be found", out):
+        cls, meaning = HeadersMissing, "kernel headers missing"
+    logtext = ""
+    if log_path:
+        try:
+            logtext = Path(log_path).read_text(errors="replace")
+        except OSError:
+            logtext = ""
+    lines = _tail(logtext or out)
+    msg = f"{what}: dkms exited {res.returncode} ({meaning})"
+    if log_path and logtext:
+        msg += f"; log: {log_path}"
+    if extra:
+        msg += f"; {extra}"
+    msg += "\n" + "\n".join("  | " + l for l in lines)
+    raise cls(msg, dkms_exit=res.returncode, log=log_path, last_lines=lines)
+
+
+def _dkms(host: Host, args: list[str], timeout: float = 600, poll=None):
+    """Run dkms; while it runs, call poll() every second (progress)."""
+    if poll is None:
+        return host.run([dkms_cmd()] + args, timeout=timeout)
+    box: dict = {}
+
+    def target():
+        try:
+            box["res"] = host.run(["nice", "-n", NICE, dkms_cmd()] + args, timeout=timeout)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["err"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(1.0)
+        try:
+            poll()
+        except Exception:  # progress must never break a build
+            pass
+    if "err" in box:
+        raise box["err"]
+    return box["res"]
+
+
+def _depmod(host: Host, kernel: str) -> None:
+    argv = ["depmod", "-a"]
+    if not host.is_live:
+        argv += ["-b", str(host.root)]
+    sm = f"/boot/System.map-{kernel}"
+    if host.exists(sm):
+        argv += ["-F", str(host.path(sm))]
+    r = host.run(argv + [kernel], timeout=600)
+    if not r.ok:
+        raise DkmsError(f"depmod -a {kernel} failed: {r.stderr.strip()[-500:]}",
+                        remedy="Check /lib/modules/<kernel> and run depmod by hand.")
+
+
+def refresh_initramfs(host: Host, kernel: str) -> str:
+    """update-initramfs -u -k K when the host uses initramfs-tools and K has an initramfs."""
+    if not host.is_live:
+        return "skipped (not the live system)"
+    if not host.runner.which("update-initramfs") or not host.exists(f"/boot/initrd.img-{kernel}"):
+        return "not used"
+    r = host.run(["update-initramfs", "-u", "-k", kernel], timeout=900)
+    if not r.ok:
+        raise DkmsError(f"update-initramfs -u -k {kernel} failed: {r.stderr.strip()[-500:]}",
+                        remedy=f"Run 'update-initramfs -u -k {kernel}' by hand and read its output.")
+    return "refreshed"
+
+
+def _write_json(host: Host, path: str, doc: dict) -> None:
+    """A record (the stock record the guard reads too) through the one atomic writer (fsync, unique temp)."""
+    p = host.path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write(p, json.dumps(doc, indent=2) + "\n", mode=0o644)
+
+
+def _read_json(host: Host, path: str) -> dict | None:
+    try:
+        return json.loads(host.read_text(path) or "")
+    except ValueError:
+        return None
+
+
+def ensure_host_files(host: Host) -> list[str]:
+    """The force-install file (so DKMS's version check lets our same-version module replace the stock
+    one; the PRE_INSTALL guard still runs) and the depmod.d override. The package ships both; write
+    them when missing (running from a checkout)."""
+    d = data_dir()
+    written = []
+    for src, dst in ((d / "modules_to_force_install" / PACKAGE, FORCE_FILE),
+                     (d / "depmod.d" / f"{PACKAGE}.conf", DEPMOD_FILE)):
+        p = host.path(dst)
+        want = src.read_text()
+        if p.exists() and p.read_text() == want:
+            continue
+        if p.exists():
+            log.info("%s differs from the shipped copy; leaving it as the administrator set it", dst)
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(want)
+        written.append(dst)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------
+# Rendering our source tree
+
+
+def _protect_foreign(host: Host, kernel: str, ours_digest: str | None):
+    """Files at our install path that are not ours (another DKMS package's): move aside, return restorer."""
+    moved = []
+    for s in _SUFFIXES:
+        p = host.path(installed_path(host, kernel, s))
+        if p.is_file() and sha256(p) != ours_digest:
+            aside = p.with_name(f".{p.name}.spark-memsaver-aside")
+            os.rename(p, aside)
+            moved.append((aside, p))
+
+    def restore():
+        for aside, p in moved:
+            if not p.exists():
+                os.rename(aside, p)
+            else:
+                aside.unlink()
+    return restore
+
+
+def _uninstall_kernel(host: Host, ver: str, kernel: str) -> None:
+    _backup_originals(host, kernel)  # DKMS 3.0.x deletes original_module/ on uninstall without restoring it
+    built = built_module(host, ver, kernel)
+    restore = _protect_foreign(host, kernel, sha256(built) if built else None)
+    try:
+        r = _dkms(host, ["uninstall", "-m", PACKAGE, "-v", ver, "-k", kernel], timeout=600)
+    finally:
+        restore()
+    if not r.ok and installed_version(host, kernel) == ver:
+        _raise_for_dkms(r, f"dkms uninstall {PACKAGE}/{ver} -k {kernel}")
+
+
+def _backup_originals(host: Host, kernel: str) -> None:
+    src = host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}")
+    if src.is_dir():
+        dst = host.path(f"{STATE_DIR}/original/{kernel}")
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)

@@ -1,0 +1,286 @@
+"""The override engines: install (prove the override is selected), restore_stock and remove (prove the stock
+module is selected again). Take no lock and write no intent (act/executor.py does both)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+
+from spark_memsaver.act import signing as sig
+from spark_memsaver.errors import MemsaverError, SecureBootUnknown
+from spark_memsaver.host import Host
+from spark_memsaver.observe import modules
+from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
+from spark_memsaver.act.dkms_errors import InstallRefused, KernelOutsidePolicy, NothingToDo, StockNotRestored, VerificationFailed
+from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _read_json, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kotool, policy_check, refresh_initramfs, running_kernel, selected, sha256
+from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
+from spark_memsaver.act.render import recover_broken
+
+
+def _stock_record_path(kernel: str) -> str:
+    return f"{STATE_DIR}/{kernel}.json"
+
+
+def _other_dkms_owner(host: Host, kernel: str, path: str) -> dict | None:
+    """Another DKMS package's built copy identical to the file at `path` (e.g. Ubuntu's `nvidia` package
+    installs nvidia-uvm to the same updates/dkms path)."""
+    digest = sha256(host.path(path))
+    if digest is None:
+        return None
+    for cand in host.path(DKMS_TREE).glob(f"*/*/{kernel}/*/module/{MODULE}.ko*"):
+        if cand.parts[-6] == PACKAGE:
+            continue
+        if sha256(cand) == digest:
+            return {"package": cand.parts[-6], "version": cand.parts[-5], "copy": str(cand)}
+    return None
+
+
+def verify_installed(host: Host, kernel: str) -> dict:
+    """What is selected for `kernel` and whether it is our verified override.
+
+    Returns {"kernel", "selected": path|None, "ours": bool, "installed_version": dkms version|None,
+    "matches_dkms_copy": bool, "nvidia": {...}, "ok": bool, "problems": [...], "facts": {...}}.
+    ``ok`` means: our module is selected, identical to DKMS's built copy, and passes the same checks
+    as the PRE_INSTALL guard against the nvidia.ko selected for that kernel.
+    """
+    raw = modules.read_selected(host, kernel, MODULE)
+    sel = selected(host, kernel, MODULE)
+    nv = selected(host, kernel, "nvidia", digest=False)
+    ver = installed_version(host, kernel)
+    out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": bool(sel and sel.get("ours")),
+           "state": raw["state"], "installed_version": ver, "nvidia": nv, "matches_dkms_copy": False,
+           "ok": False, "problems": []}
+    if raw["state"] == "unreadable":
+        out["problems"].append(f"the {MODULE} selected for {kernel} cannot be read: {raw.get('error')}")
+        return out
+    if sel is None:
+        out["problems"].append(f"no {MODULE} is selected for {kernel}")
+        return out
+    if not out["ours"]:
+        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours")
+        return out
+    built = built_module(host, ver, kernel) if ver else None
+    out["matches_dkms_copy"] = bool(built and sha256(built) == sel.get("sha256"))
+    if not out["matches_dkms_copy"]:
+        out["problems"].append("the selected file differs from DKMS's built copy (another package overwrote it?)")
+    parsed = parse_dkms_version(ver) if ver else None
+    driver = parsed[0] if parsed else (sel.get("version") or "")
+    record = sig.read_record(host)
+    v = kotool().verify(str(host.path(sel["path"])), kernel, driver,
+                        nvidia_ko=str(host.path(nv["path"])) if nv and nv.get("path") else None,
+                        signing=record, tag=PATCH_ID)
+    out["facts"] = v["facts"]
+    out["problems"] += v["problems"]
+    out["ok"] = not out["problems"]
+    return out
+
+
+def _target_kernels(host: Host, config, kernel: str | None, all_kernels: bool, for_remove: bool) -> tuple[list, list]:
+    from spark_memsaver.observe.snapshot import installed_kernels
+    if kernel and all_kernels:
+        raise MemsaverError("give --kernel or --all, not both", remedy="Pick one.")
+    if kernel:
+        return [kernel], []
+    if not all_kernels:
+        return [running_kernel(host)], []
+    if for_remove:
+        ks = set()
+        for ver in registered_versions(host):
+            ks.update(kernels_of(host, ver))
+        for link in host.path(f"{DKMS_TREE}/{PACKAGE}").glob("kernel-*"):
+            ks.add(re.sub(r"-[^-]+$", "", link.name[len("kernel-"):]))
+        return sorted(ks), []
+    ks, skipped = [], []
+    for k in installed_kernels(host):
+        why = None
+        if not host.exists(f"/lib/modules/{k}/build/Makefile"):
+            why = "headers not installed"
+        else:
+            try:
+                policy_check(host, config, k)
+            except KernelOutsidePolicy as e:
+                why = e.message
+        if why is None and selected(host, k, "nvidia", digest=False) is None:
+            why = "no nvidia.ko"
+        (skipped.append({"kernel": k, "reason": why}) if why else ks.append(k))
+    return ks, skipped
+
+
+def _install_one(host: Host, config, kernel: str, progress) -> dict:
+    sb = _secure_boot(host)
+    if sb.get("state") == "unknown":
+        raise SecureBootUnknown("Secure Boot state is unknown: " + (sb.get("reason") or "unreadable")
+                                + "; refusing to install a module that might not load")
+    b = _build_locked(host, config, kernel, None, _scaled(progress, 0.0, 0.9), False)
+    ver = b["dkms_version"]
+    progress(0.9, f"installing {PACKAGE}/{ver} for {kernel}")
+    before = selected(host, kernel, MODULE)
+    rec = _read_json(host, _stock_record_path(kernel)) or {}
+    if before and not before.get("ours"):
+        rec = {"kernel": kernel, "stock_path": before["path"], "stock_sha256": before["sha256"],
+               "stock_version": before.get("version"),
+               "stock_owner_dkms": _other_dkms_owner(host, kernel, before["path"]) if DEST in before["path"] else None,
+               "recorded": sig._now()}
+    elif not before:
+        rec = {"kernel": kernel, "stock_path": None, "stock_sha256": None, "recorded": sig._now()}
+    _write_json(host, _stock_record_path(kernel), rec)
+    written = ensure_host_files(host)
+    if written:
+        _depmod(host, kernel)
+    if installed_version(host, kernel) not in (None, ver):
+        _uninstall_kernel(host, installed_version(host, kernel), kernel)
+    if installed_version(host, kernel) != ver:
+        built = built_module(host, ver, kernel)
+        ours = sha256(built) if built else None
+        # A foreign copy at our path (another DKMS package's nvidia-uvm) is restored on remove from its
+        # DKMS tree (recorded above); DKMS itself just overwrites it.
+        r = _dkms(host, ["install", "-m", PACKAGE, "-v", ver, "-k", kernel], timeout=900)
+        if not r.ok:
+            restore_stock(host, kernel)
+            _raise_for_dkms(r, f"dkms install {PACKAGE}/{ver} -k {kernel}")
+        out = r.stdout + r.stderr
+    else:
+        out = ""
+    v = verify_installed(host, kernel)
+    if not v["ok"]:
+        refusal = [l for l in out.splitlines() if re.search(r"exactly matches|not newer|will not replace|obsoleted"
+                                                            r"|--force", l)]
+        if installed_version(host, kernel) == ver:
+            _uninstall_kernel(host, ver, kernel)
+        restore_stock(host, kernel)
+        if refusal or not v["ours"]:
+            raise InstallRefused(f"dkms install exited 0 but {PACKAGE}/{ver} is not the selected {MODULE} for "
+                                 f"{kernel} (selected: {v['selected']})" + ("; DKMS said: " + " ".join(refusal)
+                                                                            if refusal else ""),
+                                 selected=v["selected"], dkms_output=refusal)
+        raise VerificationFailed(f"the installed override for {kernel} failed verification: "
+                                 + "; ".join(v["problems"]), problems=v["problems"])
+    _depmod(host, kernel)
+    initramfs = refresh_initramfs(host, kernel)
+    progress(1.0, f"installed for {kernel}")
+    return {"kernel": kernel, "dkms_version": ver, "driver": b["driver"], "build": b["status"],
+            "selected": v["selected"], "verification": v, "stock": rec, "initramfs": initramfs,
+            "host_files_written": written, "signing": b["signing"], "log": b.get("log")}
+
+
+def _secure_boot(host: Host) -> dict:
+    from spark_memsaver.observe.snapshot import observe_secure_boot
+    try:
+        return observe_secure_boot(host)
+    except Exception as e:
+        return {"state": "unknown", "reason": str(e)}
+
+
+def install(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None) -> dict:
+    """Build (if needed) and install the override; prove it is selected (modinfo -k K -n nvidia-uvm)."""
+    _require_root(host)
+    progress = progress or _noop
+    kernels, skipped = _target_kernels(host, config, kernel, all_kernels, for_remove=False)
+    if not kernels:
+        raise NothingToDo("no kernel qualifies for installation: "
+                          + "; ".join(f"{s['kernel']}: {s['reason']}" for s in skipped))
+    results = []
+    for i, k in enumerate(kernels):
+        results.append(_install_one(host, config, k, _scaled(progress, i / len(kernels), (i + 1) / len(kernels))))
+    return {"installed": results, "skipped": skipped}
+
+
+def restore_stock(host: Host, kernel: str) -> dict:
+    """Make the stock nvidia-uvm the selected one for `kernel` again, whatever DKMS did; verify it."""
+    rec = _read_json(host, _stock_record_path(kernel)) or {}
+    actions = []
+    # 1. Any copy of ours left at our install path (DKMS 3.0.x refused/partial runs) goes.
+    for s in _SUFFIXES:
+        p = host.path(installed_path(host, kernel, s))
+        if p.is_file():
+            if modules.read_file(host, installed_path(host, kernel, s))["state"] == "ours" \
+                    and installed_version(host, kernel) is None:
+                p.unlink()
+                actions.append(f"removed leftover {installed_path(host, kernel, s)}")
+    # 2. The stock file must be back where the driver package put it (DKMS >= 3.1 moves it to
+    #    original_module/; 3.1.0-3.1.6 restore it to DEST_MODULE_LOCATION instead of its origin).
+    stock_path, stock_sha = rec.get("stock_path"), rec.get("stock_sha256")
+    cur_sha = sha256(host.path(stock_path)) if stock_path else None
+    replaced = False
+    if stock_path and stock_sha and cur_sha is not None and cur_sha != stock_sha and not _file_is_ours(host, stock_path):
+        # Another stock file stands there now: a driver package replaced it since we recorded it (a driver
+        # update, e.g. plain dpkg -i). It is the stock module of the installed driver. Putting the recorded
+        # one back would pair the OLD driver's nvidia-uvm with the NEW nvidia.ko: never.
+        replaced = True
+        actions.append(f"kept {stock_path}: a driver package replaced the recorded stock file since")
+    if stock_path and stock_sha and cur_sha != stock_sha and not replaced:
+        cands = list(host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}").rglob(f"{MODULE}.ko*")) + \
+            [host.path(installed_path(host, kernel, s)) for s in _SUFFIXES] + \
+            list(host.path(STATE_DIR).glob(f"original/{kernel}/**/{MODULE}.ko*"))
+        owner = rec.get("stock_owner_dkms")
+        if owner and owner.get("copy"):
+            cands.append(Path(owner["copy"]))
+        for c in cands:
+            if c.is_file() and sha256(c) == stock_sha:
+                dst = host.path(stock_path)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dst.with_name(f".{dst.name}.spark-memsaver-tmp")
+                shutil.copy2(c, tmp)
+                os.rename(tmp, dst)
+                if c.parent != dst.parent and str(c).startswith(str(host.path(f"/lib/modules/{kernel}"))):
+                    c.unlink()
+                actions.append(f"restored {stock_path} from {c}")
+                break
+    _depmod(host, kernel)
+    after = selected(host, kernel, MODULE)
+    problems = []
+    if after and after.get("ours"):
+        problems.append(f"our module {after['path']} is still selected")
+    if stock_path and stock_sha:
+        if after is None or after.get("path") != stock_path or (after.get("sha256") != stock_sha and not replaced):
+            problems.append(f"the stock {stock_path} is not the selected {MODULE} "
+                            f"(selected: {after and after.get('path')})")
+    return {"kernel": kernel, "selected": after and after.get("path"), "actions": actions,
+            "ok": not problems, "problems": problems, "stock": rec}
+
+
+def _file_is_ours(host: Host, path: str) -> bool:
+    """Whether the module file at ``path`` is our patched nvidia-uvm (observe/modules.py's test)."""
+    return modules.is_ours_file(host, path)
+
+
+def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None) -> dict:
+    """Uninstall and unregister our module for the kernel(s); restore and VERIFY the stock module."""
+    _require_root(host)
+    progress = progress or _noop
+    dkms_version(host)
+    recovered = recover_broken(host, config)
+    kernels, _ = _target_kernels(host, config, kernel, all_kernels, for_remove=True)
+    if kernel and not any(kernel in kernels_of(host, v) or installed_version(host, kernel)
+                          for v in registered_versions(host)) \
+            and not _read_json(host, _stock_record_path(kernel)):
+        res = restore_stock(host, kernel)
+        if not res["ok"]:
+            raise StockNotRestored("; ".join(res["problems"]), kernel=kernel)
+        return {"removed": [], "restored": [res], "recovered": recovered, "registrations_left": registered_versions(host)}
+    done, restored = [], []
+    for i, k in enumerate(kernels):
+        progress(i / max(1, len(kernels)), f"removing from {k}")
+        for ver in registered_versions(host):
+            if installed_version(host, k) == ver:
+                _uninstall_kernel(host, ver, k)
+                done.append({"kernel": k, "dkms_version": ver, "action": "uninstalled"})
+            if k in kernels_of(host, ver):
+                _unbuild(host, ver, k)
+                done.append({"kernel": k, "dkms_version": ver, "action": "unbuilt"})
+        res = restore_stock(host, k)
+        restored.append(res)
+        if not res["ok"]:
+            raise StockNotRestored(f"after removing our module from {k}: " + "; ".join(res["problems"]),
+                                   kernel=k, actions=res["actions"])
+        res["initramfs"] = refresh_initramfs(host, k)
+        host.path(_stock_record_path(k)).unlink(missing_ok=True)
+        shutil.rmtree(host.path(f"{STATE_DIR}/original/{k}"), ignore_errors=True)
+    for ver in registered_versions(host):
+        _drop_if_empty(host, ver)
+    progress(1.0, "removed")
+    return {"removed": done, "restored": restored, "recovered": recovered,
+            "registrations_left": registered_versions(host)}
