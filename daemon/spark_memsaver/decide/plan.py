@@ -78,12 +78,13 @@ def why_not_build(k: dict, snap: dict, config: Config, support: dict) -> str | N
     """None if we can build for kernel ``k`` now; else the reason it stays stock."""
     rel = k["release"]
     ok, why = kernel_in_policy(k, config)
-    if not ok:
-        return why
     nv = (k.get("nvidia_selected") or {}).get("version")
     drv = base_version(nv)
     if not drv:
-        return f"no nvidia.ko is installed for kernel {rel}, so there is no driver to build against"
+        none = f"no nvidia.ko is installed for kernel {rel}, so there is no driver to build against"
+        return none if ok else f"{none}; and {why}"
+    if not ok:
+        return why
     sup = support.get(drv) or {"supported": False, "reason": f"driver {drv} is not in the patch manifest"}
     if not sup.get("supported"):
         return sup.get("reason") or f"driver {drv} is not supported by this spark-memsaver release"
