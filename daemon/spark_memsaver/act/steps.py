@@ -51,21 +51,25 @@ def dkms():
     return d
 
 
-# --- the verification reader (observe/modules.py replaces it when it lands) -----------------------
+# --- verification: the ONE reader of the selection (observe/modules.py) ------------------------
 
 def selected(host: Host, kernel: str, name: str = "nvidia_uvm") -> dict:
-    return observe.describe_module(observe.module_info(host, kernel, name)) or {}
+    from spark_memsaver.observe import modules
+    return modules.describe(modules.read_selected(host, kernel, name)) or {}
 
 
 def still_ours(host: Host, kernel: str) -> bool:
-    return bool(selected(host, kernel).get("patched"))
+    """True unless the selection is proven not ours (stock, none, builtin): an unreadable selection after a
+    removal is a failure, never taken for stock."""
+    from spark_memsaver.observe import modules
+    return modules.read_selected(host, kernel)["state"] not in ("stock", "none", "builtin")
 
 
 def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
-    info = selected(host, kernel)
-    nv = rc.base_version(selected(host, kernel, "nvidia").get("version"))
-    ok = bool(info.get("patched")) and nv is not None and rc.base_version(info.get("version")) == nv
-    return ok, info, nv
+    from spark_memsaver.observe import modules
+    sel = modules.selection(host, kernel)
+    nv = rc.base_version((sel.get("nvidia") or {}).get("version"))
+    return sel["state"] == "ours" and sel.get("versions_match") is True, modules.describe(sel) or {}, nv
 
 
 # --- engines, wrapped --------------------------------------------------------------------------
