@@ -555,3 +555,34 @@ def test_restore_keeps_a_stock_file_a_driver_package_replaced(tmp_path):
     assert res["selected"] == stock
     assert hashlib.sha256((root / stock.lstrip("/")).read_bytes()).hexdigest() == new_sha
     assert any("replaced the recorded stock file" in a for a in res["actions"])
+
+
+def test_engines_take_no_lock_of_their_own(host_env):
+    """Issue 12 defect 1: a local user holding /run/lock/spark-memsaver-dkms.lock (world-writable /run/lock)
+    hung every build/install/remove. The engines now take no lock (the executor holds "lifecycle" in the
+    root-only RUN_DIR): with that old lock file held, a build still reaches its refusal at once."""
+    import fcntl
+    import threading
+
+    host, kernel, stock = host_env
+    old = Path("/run/lock/spark-memsaver-dkms.lock")
+    old.parent.mkdir(parents=True, exist_ok=True)
+    existed = old.exists()
+    box = {}
+    with open(old, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+
+        def run():
+            try:
+                dkms.build(host, CFG, kernel=kernel, driver_version="555.58.02")
+            except Exception as e:  # the named refusal expected below
+                box["err"] = e
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(120)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    if not existed:
+        old.unlink(missing_ok=True)
+    assert not t.is_alive(), "dkms.build waited on the old /run/lock lock file"
+    assert isinstance(box.get("err"), dkms.DriverMismatch), box
+    nothing_of_ours(kernel, stock)
