@@ -155,7 +155,7 @@ def read_file(host: Host, path: str) -> dict:
     kt = kotool()
     try:
         info, _ = kt.modinfo(str(host.path(path)))
-    except (OSError, ValueError, kt.KoError, Exception) as e:  # struct.error and friends too
+    except Exception as e:  # OSError, KoError (timeout, cannot decompress), struct.error, ValueError: unreadable
         return _unreadable(f"cannot read {path}: {e}", path)
     return dict(_fields(info), path=path)
 
