@@ -97,6 +97,7 @@ def make_root(base: Path, variables: dict, cert: bytes | None = None, *, efi: bo
     """A fixture root. variables: name -> raw efivarfs bytes (attributes + data)."""
     root = base
     root.mkdir(parents=True, exist_ok=True)
+    (root / "sys/kernel").mkdir(parents=True, exist_ok=True)   # a mounted sysfs (EFI or not) always has it
     if efi:
         vd = root / "sys/firmware/efi/efivars"
         vd.mkdir(parents=True)
@@ -582,3 +583,98 @@ def test_request_record_round_trip(tmp_path):
     assert rec["cert_sha256"] == "ab" * 32 and rec["boot_id"] == "b1" and rec["requested_at"].endswith("Z")
     mok.clear_request_record(h)
     assert mok.read_request_record(h) is None
+
+
+# --- phase 2 of issue 12: the config the caller runs with, images without sysfs, certificate files ----------
+
+def _status_root(base, certs):
+    root = _sb_root(base, certs, extra={"/etc/keys/node.pem": certs["pem_path"].read_bytes(),
+                                        "/proc/sys/kernel/osrelease": "6.17.0-1014-nvidia\n"})
+    return root
+
+
+def test_status_uses_the_given_config_signing_cert(tmp_path, certs):
+    """`--config X status`: X's signing_cert is the certificate (observe used to reload the host's config)."""
+    root = _status_root(tmp_path / "r", certs)
+    cfgp = tmp_path / "x.yaml"
+    cfgp.write_text("signing_key: /etc/keys/node.key\nsigning_cert: /etc/keys/node.pem\n")
+    r = _cli("--root", str(root), "--config", str(cfgp), "status", "--json", "--direct")
+    assert "Traceback" not in r.stderr, r.stderr
+    sb = json.loads(r.stdout)["secure_boot"]
+    assert sb["certificate"]["path"] == "/etc/keys/node.pem"
+    assert sb["certificate"]["origin"] == "config signing_cert"
+    assert sb["state"] == "enrolled"
+    # the in-process door the daemon uses (report.document.status with the daemon's config)
+    from spark_memsaver import config as cfg
+    from spark_memsaver.report import document
+    doc, _ = document.status(Host(root), cfg.load(str(cfgp), root=str(root)))
+    assert doc["secure_boot"]["certificate"]["path"] == "/etc/keys/node.pem"
+    assert doc["secure_boot"]["state"] == "enrolled"
+
+
+def test_image_without_sysfs_is_unknown_never_not_needed(tmp_path, certs):
+    """`mok status --root` on a mounted image (no sysfs in it): unknown with the reason, exit 2."""
+    root = tmp_path / "image"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text("ID=ubuntu\n")
+    (root / "var/lib/shim-signed/mok").mkdir(parents=True)
+    (root / "var/lib/shim-signed/mok/MOK.der").write_bytes(certs["ours"])
+    r = _cli("--root", str(root), "mok", "status", "--json")
+    assert "Traceback" not in r.stderr
+    sb = json.loads(r.stdout)
+    assert sb["state"] == "unknown", sb
+    assert "not a mounted sysfs" in sb["reason"]
+    assert "booted node" in sb["remedy"]
+    assert sb["secure_boot"] is None
+    assert r.returncode == 2
+    with pytest.raises(SecureBootUnknown) as e:
+        mok.require_installable(sb)
+    assert "booted node" in e.value.remedy
+
+
+def test_unknown_refusal_names_the_remedy_for_its_cause(roots, tmp_path, certs):
+    sb = mok.observe(Host(roots["efivarfs-unmounted"][0]))
+    with pytest.raises(SecureBootUnknown) as e:
+        mok.require_installable(sb)
+    assert "mount -t efivarfs" in e.value.remedy
+    sb = mok.observe(Host(roots["cert-garbage"][0]))
+    with pytest.raises(SecureBootUnknown) as e:
+        mok.request_enrollment(Host(roots["cert-garbage"][0]), None, "pw")
+    assert "/var/lib/dkms/mok.pub" in e.value.remedy and "signing_cert" in e.value.remedy
+    assert "mount -t efivarfs" not in e.value.remedy
+
+
+def _observe_in_child(root: Path, cert: str | None = None, timeout: float = 20):
+    code = ("import json,sys; from spark_memsaver.act import mok; from spark_memsaver.host import Host; "
+            "print(json.dumps(mok.observe(Host(sys.argv[1]), cert=sys.argv[2] or None)))")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    r = subprocess.run(["/usr/bin/python3", "-c", code, str(root), cert or ""], capture_output=True, text=True,
+                       env=env, timeout=timeout)   # a blocking open of a FIFO runs into this timeout
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory", "oversized"])
+def test_certificate_file_is_opened_without_blocking(tmp_path, certs, kind):
+    """Defect 11 (MOK part): a FIFO at the certificate path wedged the job (blocking open); a symlink was followed."""
+    root = _sb_root(tmp_path / "r", certs)
+    cp = root / "var/lib/dkms/mok.pub"
+    cp.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(cp)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.der").write_bytes(certs["pem_der"])
+        cp.symlink_to(tmp_path / "elsewhere.der")
+    elif kind == "directory":
+        cp.mkdir()
+    else:
+        cp.write_bytes(b"\0" * (mok.MAX_CERT_BYTES + 1))
+    sb = _observe_in_child(root)
+    words = {"fifo": "is a FIFO", "symlink": "symbolic link", "directory": "is a directory",
+             "oversized": "more than"}[kind]
+    assert sb["state"] == "unknown" and words in sb["certificate"]["error"], sb
+    # --cert on the enrolling machine: the same reader, a named error as the reason
+    sb = _observe_in_child(tmp_path / "r", cert=str(cp))
+    assert sb["state"] == "unknown" and words in sb["reason"]
+    with pytest.raises(mok.CertFileRefused):
+        mok.read_cert_file(str(cp))

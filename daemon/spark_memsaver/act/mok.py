@@ -16,6 +16,7 @@ States: not-needed, no-key, not-enrolled, pending-enroll, enrolled, pending-dele
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -207,9 +208,23 @@ def _read_var(host, name: str, guid: str):
         return f"cannot read {EFIVARS_DIR}/{name}-{guid}: {e.strerror or e}"
 
 
+def sysfs_mounted(host) -> bool:
+    """A mounted sysfs always has /sys/kernel and /sys/devices; an unpacked or mounted image has neither."""
+    return any(host.path(p).is_dir() for p in ("/sys/kernel", "/sys/devices", "/sys/firmware"))
+
+
+SYSFS_MISSING_REMEDY = ("A system image carries no firmware variables: run 'spark-memsaver mok status' on the "
+                        "booted node itself, or bind-mount its /sys (mount --rbind /sys ROOT/sys) before "
+                        "inspecting with --root.")
+
+
 def read_efi(host) -> RawEfi:
     efi = host.path(EFI_DIR).is_dir()
     if not efi:
+        if not sysfs_mounted(host):
+            return RawEfi(efi=False, efivarfs=False,
+                          listing_error=f"{host.path('/sys')} is not a mounted sysfs (no kernel/ or devices/): "
+                                        "whether the machine boots with EFI firmware cannot be told")
         return RawEfi(efi=False, efivarfs=False)
     try:
         names = os.listdir(host.path(EFIVARS_DIR))
@@ -375,9 +390,9 @@ def _matches(cert: ev.Certificate, var: Var) -> bool:
     return False
 
 
-def _unknown(reason: str) -> Decision:
+def _unknown(reason: str, remedy: str | None = None) -> Decision:
     return Decision("unknown", reason, "Installing is refused until the state can be read. " +
-                    SecureBootUnknown.remedy)
+                    (remedy or SecureBootUnknown.remedy))
 
 
 def _request_from_earlier_boot(c: CertInfo, request: dict | None, boot_id: str | None) -> dict | None:
@@ -395,6 +410,8 @@ def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str 
     ``request``/``boot_id``: our record of the last enrollment request (REQUEST_RECORD) and the current boot's
     id; they only sharpen the reason of not-enrolled (the prompt was missed) and pending-enroll (MokManager
     did not run at the last boot)."""
+    if not p.efi and p.listing_error:
+        return _unknown(p.listing_error, SYSFS_MISSING_REMEDY)
     if not p.efi:
         return Decision("not-needed", "no EFI firmware (booted in legacy/BIOS mode): modules are not "
                         "signature-checked against firmware keys")
@@ -420,7 +437,9 @@ def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str 
         return Decision("not-needed", "shim validation is disabled (MokSBStateRT, 'mokutil --disable-validation'): "
                         "the kernel does not enforce Secure Boot")
     if c.error:
-        return _unknown(f"signing certificate {c.path}: {c.error}")
+        return _unknown(f"signing certificate {c.path}: {c.error}",
+                        f"Make {c.path} a readable regular file holding one X.509 certificate (DER or PEM), "
+                        "or set signing_cert in /etc/spark-memsaver/config.yaml (or pass --cert) to the right one.")
     if not c.present or c.cert is None:
         return Decision("no-key", f"no signing certificate at {c.path} ({c.origin})", MokNoKey.remedy)
     for name, v in p.vars.items():
@@ -473,6 +492,53 @@ def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str 
 
 
 # --- certificate location (I/O) -----------------------------------------------------------------------
+
+MAX_CERT_BYTES = 1 << 20
+
+
+class CertFileRefused(MokError):
+    code = "mok-cert-file-refused"
+    remedy = ("Name a regular file (not a FIFO, device, directory or symlink) holding one X.509 certificate, "
+              "DER or PEM, of at most 1 MiB.")
+
+
+def read_cert_file(path) -> bytes:
+    """The certificate file's bytes, never blocking: O_NONBLOCK|O_NOFOLLOW (a FIFO or a symlink planted in
+    its place cannot wedge or redirect the job), a regular file only, at most MAX_CERT_BYTES.
+    FileNotFoundError when absent; CertFileRefused (named) for everything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CertFileRefused(f"{path} is a symbolic link; it is not followed") from None
+        raise CertFileRefused(f"cannot open {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise CertFileRefused(f"{path} is {kind}, not a regular file")
+        if st.st_size > MAX_CERT_BYTES:
+            raise CertFileRefused(f"{path} is {st.st_size} bytes, more than {MAX_CERT_BYTES} (not a certificate)")
+        chunks, total = [], 0
+        while total <= MAX_CERT_BYTES:
+            try:
+                b = os.read(fd, 65536)
+            except OSError as e:
+                raise CertFileRefused(f"cannot read {path}: {e.strerror or e}") from None
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > MAX_CERT_BYTES:
+            raise CertFileRefused(f"{path} grew past {MAX_CERT_BYTES} bytes while being read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
 
 _ASSIGN_RE = re.compile(r"^\s*(?:export\s+)?(mok_certificate|mok_signing_key)=(.*)$")
 
@@ -532,14 +598,13 @@ def locate_certificate(host, cert: str | None = None, config=None) -> CertInfo:
     if not path.startswith("/"):
         return CertInfo(path, origin, error="the path is not absolute")
     # --cert names a file on this machine; every other path is on the inspected host.
-    p = path if origin == "--cert" else host.path(path)
+    p = path if origin == "--cert" else host.path(path, follow=False)   # the final link is refused, not followed
     try:
-        with open(p, "rb") as f:
-            data = f.read(1 << 20)
+        data = read_cert_file(p)
     except FileNotFoundError:
         return CertInfo(path, origin, present=False)
-    except OSError as e:
-        return CertInfo(path, origin, present=True, error=f"cannot read it: {e.strerror or e}")
+    except CertFileRefused as e:
+        return CertInfo(path, origin, present=True, error=e.message)
     try:
         c, enc = ev.load_certificate(data, path)
     except ev.EfiFormatError as e:
@@ -652,7 +717,7 @@ def clear_request_record(host) -> None:
 
 def _sb_flag(parsed: ParsedEfi, value: int | None) -> bool | None:
     if not parsed.efi:
-        return False
+        return None if parsed.listing_error else False
     if value is not None:
         return bool(value)
     if parsed.efivarfs and not parsed.vars["SecureBoot"].present:
@@ -697,7 +762,8 @@ def require_installable(sb: dict) -> None:
     state = (sb or {}).get("state")
     if state not in STATES or state == "unknown":
         raise SecureBootUnknown("Secure Boot / MOK state is unknown: " + ((sb or {}).get("reason")
-                                                                          or "it was not observed"))
+                                                                          or "it was not observed"),
+                                remedy=(sb or {}).get("remedy") or None)
 
 
 def exit_code(sb: dict) -> int:
@@ -712,7 +778,8 @@ def exit_code(sb: dict) -> int:
 def _refuse_for(sb: dict) -> None:
     state, reason = sb["state"], sb["reason"]
     if state == "unknown":
-        raise SecureBootUnknown(f"refusing to enroll: the Secure Boot state is unknown ({reason})")
+        raise SecureBootUnknown(f"refusing to enroll: the Secure Boot state is unknown ({reason})",
+                                remedy=sb.get("remedy") or None)
     if state == "not-needed":
         raise MokNotNeeded(f"no enrollment needed: {reason}")
     if state == "no-key":

@@ -232,10 +232,11 @@ def observe_dkms(host: Host) -> dict:
 
 # --- Secure Boot (first reading; mok.py deepens it) ----------------------------------------------
 
-def observe_secure_boot(host: Host) -> dict:
+def observe_secure_boot(host: Host, config=None) -> dict:
+    """config: the one the caller runs with (its signing_cert names the certificate); None reads the host's."""
     try:
         from spark_memsaver.act import mok  # the full reading, when present
-        return mok.observe(host)
+        return mok.observe(host, config=config)
     except ImportError:
         pass
     efi = host.exists("/sys/firmware/efi")
@@ -365,7 +366,9 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
 
 # --- the snapshot ------------------------------------------------------------------------------
 
-def snapshot(host: Host) -> dict:
+def snapshot(host: Host, config=None) -> dict:
+    """Everything observed. config: the configuration the caller runs with (--config, the daemon's); it is
+    only used to know which certificate is ours, never reloaded here when given."""
     t0 = time.monotonic()
     h = observe_host(host)
     if h["kernel"] is None:
@@ -382,7 +385,7 @@ def snapshot(host: Host) -> dict:
         "uvm": uvm,
         "kernels": kernels,
         "dkms": observe_dkms(host),
-        "secure_boot": observe_secure_boot(host),
+        "secure_boot": observe_secure_boot(host, config),
         "holders": uvm_holders(host),
         "memory": observe_memory(host, uvm),
         "records": observe_records(host),

@@ -71,7 +71,7 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
 
 
 def status(host: Host, config: Config) -> tuple[dict, Verdict]:
-    snap = snapshot(host)
+    snap = snapshot(host, config)
     snap["identity"] = node_identity(host)
     verdict = evaluate(snap, config)
     return build_document(snap, verdict, config), verdict
