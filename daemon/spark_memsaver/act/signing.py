@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import stat
 import time
 
 from spark_memsaver.errors import MemsaverError
@@ -46,6 +48,10 @@ DKMS_KEY, DKMS_CERT = "/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"
 MODULE_SIGNING_EKU = "1.3.6.1.4.1.2312.16.1.2"
 
 _ASSIGN = re.compile(r"""^\s*(mok_signing_key|mok_certificate|sign_file)=(?:"([^"]*)"|'([^']*)'|(\S*))\s*(?:#.*)?$""")
+_ASSIGN_ANY = re.compile(r"^\s*(mok_signing_key|mok_certificate|sign_file)=(.*)$")
+# C0/C1 controls, DEL, and the bidi overrides/isolates: never in a path bash sources or a person reads.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+OURS_MARK = "Written by spark-memsaver"
 
 
 class SigningError(MemsaverError):
@@ -63,6 +69,23 @@ class SigningConfigConflict(SigningError):
     code = "signing-config-conflict"
     remedy = ("Another /etc/dkms/framework.conf.d file sets mok_signing_key/mok_certificate after ours; remove "
               "one of them, or set signing_key/signing_cert in /etc/spark-memsaver/config.yaml to the same paths.")
+
+
+class SigningPathRefused(SigningError):
+    code = "signing-path-refused"
+    remedy = ("Set signing_key/signing_cert in /etc/spark-memsaver/config.yaml to absolute paths without control "
+              "characters (or signing_key to a pkcs11: URI).")
+
+
+class SigningKeyUnsafe(SigningError):
+    code = "signing-key-unsafe"
+    remedy = "The private key must be a regular file owned by root with mode 0600: chown root:root KEY; chmod 600 KEY."
+
+
+class KernelSigningUnknown(SigningError):
+    code = "kernel-signing-unknown"
+    remedy = ("Install the kernel's headers (linux-headers-KERNEL) or /boot/config-KERNEL so that whether it checks "
+              "module signatures can be read; nothing is built unsigned on a guess.")
 
 
 class ModuleNotSigned(SigningError):
@@ -93,16 +116,38 @@ def dkms_distro(host: Host) -> str:
     return ident or "unknown"
 
 
-def framework_settings(host: Host) -> dict:
-    """{var: (value, file)} for mok_signing_key / mok_certificate / sign_file, last assignment wins."""
-    files = [FRAMEWORK_CONF] + [f"{FRAMEWORK_DIR}/{n}" for n in host.listdir(FRAMEWORK_DIR) if n.endswith(".conf")]
+def _assignment(line: str) -> tuple[str, str] | None:
+    """(var, value) of one framework assignment, read as bash would for a single word (shlex, so a value we
+    wrote with shlex.quote reads back exactly); the old regex for anything shlex cannot take as one word."""
+    m = _ASSIGN_ANY.match(line)
+    if not m:
+        return None
+    try:
+        words = shlex.split(m.group(2), comments=True)
+    except ValueError:
+        words = None
+    if words is not None and len(words) == 1:
+        return m.group(1), words[0]
+    m = _ASSIGN.match(line)
+    if m:
+        return m.group(1), next(g for g in m.groups()[1:] if g is not None)
+    return None
+
+
+def framework_settings(host: Host, override: dict | None = None) -> dict:
+    """{var: (value, file)} for mok_signing_key / mok_certificate / sign_file, last assignment wins (files in
+    DKMS's order: framework.conf, then framework.conf.d/*.conf sorted). override: {file: text} read instead
+    of the file (a file not on disk is inserted in its sorted place): what DKMS would see after a write."""
+    override = override or {}
+    names = set(host.listdir(FRAMEWORK_DIR)) | {f.rsplit("/", 1)[1] for f in override if f.startswith(FRAMEWORK_DIR + "/")}
+    files = [FRAMEWORK_CONF] + [f"{FRAMEWORK_DIR}/{n}" for n in sorted(names) if n.endswith(".conf")]
     out: dict[str, tuple[str, str]] = {}
     for f in files:
-        for line in (host.read_text(f) or "").splitlines():
-            m = _ASSIGN.match(line)
-            if m:
-                value = next(g for g in m.groups()[1:] if g is not None)
-                out[m.group(1)] = (value, f)
+        text = override[f] if f in override else (host.read_text(f) or "")
+        for line in text.splitlines():
+            a = _assignment(line)
+            if a:
+                out[a[0]] = (a[1], f)
     return out
 
 
@@ -200,9 +245,76 @@ def _write_atomic(host: Host, path: str, text: str, mode: int = 0o644) -> None:
     atomic_write(host.path(path), text, mode)
 
 
+def check_path_value(what: str, value: str, *, pkcs11_ok: bool = False) -> None:
+    """A value that goes into a file bash sources: absolute (or a pkcs11: URI), no control/bidi characters."""
+    if not isinstance(value, str) or not value:
+        raise SigningPathRefused(f"the {what} path is empty")
+    bad = _UNSAFE.search(value)
+    if bad:
+        raise SigningPathRefused(f"the {what} path {value!r} contains the control character "
+                                 f"U+{ord(bad.group()):04X}")
+    if not (value.startswith("/") or (pkcs11_ok and value.startswith("pkcs11:"))):
+        raise SigningPathRefused(f"the {what} path {value!r} is not absolute")
+
+
+def check_key_file(host: Host, key: str) -> None:
+    """The private key: a regular file (no symlink), owned by root, mode 0600 or stricter. Never read."""
+    try:
+        st = os.lstat(host.path(key, follow=False))
+    except FileNotFoundError:
+        raise SigningKeyIncomplete(f"the signing key {key} does not exist", key=key) from None
+    except OSError as e:
+        raise SigningKeyUnsafe(f"cannot stat the signing key {key}: {e.strerror or e}", key=key) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SigningKeyUnsafe(f"the signing key {key} is not a regular file (a symlink or special file)", key=key)
+    owner_ok = st.st_uid == 0 or (os.geteuid() != 0 and st.st_uid == os.geteuid())
+    if not owner_ok:
+        raise SigningKeyUnsafe(f"the signing key {key} is owned by uid {st.st_uid}, not root", key=key)
+    if st.st_mode & 0o077:
+        raise SigningKeyUnsafe(f"{key} is readable by group or others (mode {st.st_mode & 0o777:o})",
+                               remedy=f"chmod 600 {key} (the private key must be root-only).", key=key)
+
+
+def dropin_text(p: dict) -> str:
+    """The drop-in bash sources for every DKMS module: every value shlex-quoted (a `$(...)`, a backtick or a
+    quote in a path stays a literal character); comments carry no control character that could end them."""
+    def comment(v) -> str:
+        return _UNSAFE.sub("?", str(v))
+    return (f"# {OURS_MARK}: the key DKMS signs modules with (ALL DKMS modules).\n"
+            f"# Chosen from: {comment(p['source'])}. Previously effective: {comment(p['replaces'])}.\n"
+            f"mok_signing_key={shlex.quote(p['key'])}\nmok_certificate={shlex.quote(p['cert'])}\n")
+
+
+def _remove_our_dropin(host: Host) -> None:
+    path = host.path(DROPIN, follow=False)
+    try:
+        if OURS_MARK in (host.read_text(DROPIN) or ""):
+            path.unlink()
+    except OSError:
+        pass
+
+
+def _effective(settings: dict, host: Host) -> tuple[str, str]:
+    dk, dc = dkms_default_pair(host)
+    return settings.get("mok_signing_key", (dk, ""))[0], settings.get("mok_certificate", (dc, ""))[0]
+
+
 def ensure(host: Host, config) -> dict:
-    """Make DKMS sign with the planned key; create it if needed; write the record. Returns the plan + cert."""
+    """Make DKMS sign with the planned key; create it if needed; write the record. Returns the plan + cert.
+
+    Order: validate everything (paths, key file, certificate, the outcome DKMS would see), then write the
+    drop-in last (atomically). Any refusal removes a drop-in of ours, so no half-checked value stays sourced."""
+    try:
+        return _ensure(host, config)
+    except SigningError:
+        _remove_our_dropin(host)
+        raise
+
+
+def _ensure(host: Host, config) -> dict:
     p = plan(host, config)
+    check_path_value("signing key", p["key"], pkcs11_ok=True)
+    check_path_value("certificate", p["cert"])
     if p["incomplete"]:
         have, lack = (p["key"], p["cert"]) if p["key_exists"] else (p["cert"], p["key"])
         raise SigningKeyIncomplete(f"{have} exists but {lack} does not: DKMS would silently replace both",
@@ -212,30 +324,39 @@ def ensure(host: Host, config) -> dict:
         _create_pair(host, p["key"], p["cert"], p["distro"])
         created = True
     if not p["pkcs11"]:
-        st = os.stat(host.path(p["key"]))
-        if st.st_mode & 0o077:
-            raise SigningError(f"{p['key']} is readable by group or others (mode {st.st_mode & 0o777:o})",
-                               remedy=f"chmod 600 {p['key']} (the private key must be root-only).")
-    dropin_path = host.path(DROPIN)
-    if p["needs_dropin"]:
-        _write_atomic(host, DROPIN,
-                      "# Written by spark-memsaver: the key DKMS signs modules with (ALL DKMS modules).\n"
-                      f"# Chosen from: {p['source']}. Previously effective: {p['replaces']}.\n"
-                      f'mok_signing_key="{p["key"]}"\nmok_certificate="{p["cert"]}"\n')
-    elif dropin_path.exists() and "Written by spark-memsaver" in (host.read_text(DROPIN) or ""):
-        dropin_path.unlink()
-    after = framework_settings(host)
-    eff = (after.get("mok_signing_key", (dkms_default_pair(host)[0], ""))[0],
-           after.get("mok_certificate", (dkms_default_pair(host)[1], ""))[0])
+        check_key_file(host, p["key"])
+    info = cert_info(host, p["cert"])
+    text = dropin_text(p) if p["needs_dropin"] else None
+    would = framework_settings(host, {DROPIN: text if text is not None else ""})
+    eff = _effective(would, host)
     if eff != (p["key"], p["cert"]):
         raise SigningConfigConflict(f"DKMS would sign with {eff[0]} / {eff[1]}, not {p['key']} / {p['cert']}")
-    info = cert_info(host, p["cert"])
+    if text is not None:
+        _write_atomic(host, DROPIN, text)
+    else:
+        _remove_our_dropin(host)
+    eff = _effective(framework_settings(host), host)
+    if eff != (p["key"], p["cert"]):           # changed under us between the check and the write
+        raise SigningConfigConflict(f"DKMS would sign with {eff[0]} / {eff[1]}, not {p['key']} / {p['cert']}")
     record = {"format": 1, "key": p["key"], "cert": p["cert"], "subject": info["subject"],
               "serial": info["serial"], "sha256": info["sha256"], "source": p["source"],
               "created_by_spark_memsaver": created or _previous_created(host, p),
               "changes_global_signing": p["changes_global_signing"], "updated": _now()}
     _write_atomic(host, RECORD, json.dumps(record, indent=2) + "\n")
     return {**p, **{k: record[k] for k in ("subject", "serial", "sha256")}, "created": created, "record": RECORD}
+
+
+def kernel_signs(host: Host, kernel: str) -> bool:
+    """Whether DKMS signs for `kernel` (its .config: CONFIG_MODULE_SIG), through the kotool the PRE_INSTALL
+    guard runs. A config that cannot be read is KernelSigningUnknown (named), never "does not sign"."""
+    from spark_memsaver.act.dkms_run import kotool
+
+    kt = kotool()
+    try:
+        return bool(kt.kernel_signs_modules(kernel, root=None if host.is_live else str(host.root)))
+    except kt.KoError as e:
+        raise KernelSigningUnknown(str(e), remedy=KernelSigningUnknown.remedy.replace("KERNEL", kernel),
+                                   kernel=kernel) from None
 
 
 def _previous_created(host: Host, p: dict) -> bool:

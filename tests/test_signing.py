@@ -1,0 +1,173 @@
+"""act/signing.py: the DKMS signing drop-in (defect 8 of issue 12) and the kernel-signs question (defect 13's
+signing side).
+
+Real parts: openssl makes the keys, bash itself sources the drop-in we write (as DKMS does for every module),
+the kotool answers whether a kernel signs. The fixture root stands in for a host's /etc and /var only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.act import signing
+from spark_memsaver.config import Config
+from spark_memsaver.host import Host
+
+pytestmark = pytest.mark.mok
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pair")
+    key, crt = d / "k.key", d / "k.der"
+    subprocess.run(["openssl", "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                    "-subj", "/CN=test signing key", "-outform", "DER", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    return key.read_bytes(), crt.read_bytes()
+
+
+def _root(tmp_path: Path, pair, key_path: str, cert_path: str, *, key_mode=0o600, cert: bytes | None = None) -> Path:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/os-release").write_text("ID=debian\n")
+    (root / "etc/dkms").mkdir(parents=True, exist_ok=True)
+    (root / "etc/dkms/framework.conf").write_text("# DKMS framework\n")
+    for rel, data, mode in ((key_path, pair[0], key_mode), (cert_path, pair[1] if cert is None else cert, 0o644)):
+        p = root / rel.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        os.chmod(p, mode)
+    return root
+
+
+def _cfg(key: str, cert: str) -> Config:
+    return Config(source="/etc/spark-memsaver/config.yaml", signing_key=key, signing_cert=cert)
+
+
+def _source_in_bash(dropin: Path, cwd: Path) -> list[str]:
+    """What DKMS gets: bash sources the file, then the two variables are printed."""
+    r = subprocess.run(["bash", "-c", 'set -eu; . "$1"; printf "%s\\n%s\\n" "$mok_signing_key" "$mok_certificate"',
+                        "_", str(dropin)], capture_output=True, text=True, cwd=cwd, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("payload", ["$(touch {mark})", "`touch {mark}`", "'; touch {mark}; '",
+                                     '"; touch {mark}; "', "${{IFS}}$(touch {mark})"])
+def test_dropin_values_cannot_execute_when_bash_sources_them(tmp_path, pair, payload):
+    mark = tmp_path / "pwned"
+    key = f"/etc/keys/{payload.format(mark=mark)}/node.key"
+    cert = "/etc/keys/node.der"
+    root = _root(tmp_path, pair, key, cert)
+    host = Host(str(root))
+    res = signing.ensure(host, _cfg(key, cert))
+    dropin = root / signing.DROPIN.lstrip("/")
+    assert res["changes_global_signing"] and dropin.is_file()
+    got = _source_in_bash(dropin, tmp_path)
+    assert not mark.exists(), "sourcing the drop-in ran a command"
+    assert got == [key, cert]
+    # and our own reader agrees with bash
+    s = signing.framework_settings(host)
+    assert (s["mok_signing_key"][0], s["mok_certificate"][0]) == (key, cert)
+    assert oct(dropin.stat().st_mode & 0o777) == "0o644"
+
+
+def test_an_unparsable_certificate_is_refused_before_anything_is_written(tmp_path, pair):
+    key, cert = "/etc/keys/node.key", "/etc/keys/node.der"
+    root = _root(tmp_path, pair, key, cert, cert=b"not a certificate\n")
+    dropin = root / signing.DROPIN.lstrip("/")
+    with pytest.raises(signing.SigningError) as e:
+        signing.ensure(Host(str(root)), _cfg(key, cert))
+    assert "not a readable X.509 certificate" in e.value.message
+    assert not dropin.exists()
+    assert not (root / signing.RECORD.lstrip("/")).exists()
+
+
+@pytest.mark.parametrize("bad,words", [
+    ("/etc/keys/node\n.key", "control character U+000A"),
+    ("/etc/keys/node\x1b[2J.key", "control character U+001B"),
+    ("/etc/keys/node\u202e.key", "control character U+202E"),
+    ("etc/keys/node.key", "not absolute"),
+])
+def test_bad_paths_are_refused_and_our_previous_dropin_is_removed(tmp_path, pair, bad, words):
+    good_key, cert = "/etc/keys/node.key", "/etc/keys/node.der"
+    root = _root(tmp_path, pair, good_key, cert)
+    host = Host(str(root))
+    dropin = root / signing.DROPIN.lstrip("/")
+    signing.ensure(host, _cfg(good_key, cert))
+    assert dropin.exists()                               # a drop-in of ours from an earlier, valid config
+    if bad.startswith("/"):
+        p = root / bad.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(pair[0])
+        os.chmod(p, 0o600)
+    with pytest.raises(signing.SigningPathRefused) as e:
+        signing.ensure(host, _cfg(bad, cert))
+    assert words in e.value.message and e.value.remedy
+    assert not dropin.exists(), "a refusal must not leave our drop-in sourced"
+
+
+@pytest.mark.parametrize("case", ["mode-0644", "not-root", "symlink", "missing"])
+def test_key_file_must_be_root_owned_0600_regular(tmp_path, pair, case):
+    key, cert = "/etc/keys/node.key", "/etc/keys/node.der"
+    root = _root(tmp_path, pair, key, cert)
+    kp = root / key.lstrip("/")
+    if case == "mode-0644":
+        os.chmod(kp, 0o644)
+    elif case == "not-root":
+        if os.geteuid() != 0:
+            pytest.skip("chown needs root")
+        os.chown(kp, 1000, 1000)
+    elif case == "symlink":
+        real = kp.with_name("real.key")
+        kp.rename(real)
+        kp.symlink_to("real.key")
+    else:
+        kp.unlink()
+    with pytest.raises(signing.SigningError) as e:
+        signing.ensure(Host(str(root)), _cfg(key, cert))
+    assert {"mode-0644": "readable by group or others", "not-root": "not root", "symlink": "not a regular file",
+            "missing": "node.key does not"}[case] in e.value.message
+    assert type(e.value).__name__ in ("SigningKeyUnsafe", "SigningKeyIncomplete")
+    assert not (root / signing.DROPIN.lstrip("/")).exists()
+
+
+def test_conflicting_later_dropin_is_refused_before_writing(tmp_path, pair):
+    key, cert = "/etc/keys/node.key", "/etc/keys/node.der"
+    root = _root(tmp_path, pair, key, cert)
+    later = root / "etc/dkms/framework.conf.d/zz-other.conf"
+    later.parent.mkdir(parents=True, exist_ok=True)
+    later.write_text('mok_signing_key="/root/other.key"\nmok_certificate="/root/other.der"\n')
+    with pytest.raises(signing.SigningConfigConflict):
+        signing.ensure(Host(str(root)), _cfg(key, cert))
+    assert not (root / signing.DROPIN.lstrip("/")).exists()
+
+
+@pytest.mark.parametrize("config_text,expect", [
+    ("CONFIG_MODULE_SIG=y\n", True),
+    ("# CONFIG_MODULE_SIG is not set\n", False),
+    ("CONFIG_LOCALVERSION=\"\"\n", signing.KernelSigningUnknown),
+    (None, signing.KernelSigningUnknown),
+])
+def test_kernel_signs_is_never_a_guess(tmp_path, config_text, expect):
+    kernel = "6.17.0-1014-nvidia-64k"
+    root = tmp_path / "root"
+    (root / "boot").mkdir(parents=True)
+    if config_text is not None:
+        (root / f"boot/config-{kernel}").write_text(config_text)
+    host = Host(str(root))
+    if expect is signing.KernelSigningUnknown:
+        with pytest.raises(signing.KernelSigningUnknown) as e:
+            signing.kernel_signs(host, kernel)
+        assert f"linux-headers-{kernel}" in e.value.remedy
+    else:
+        assert signing.kernel_signs(host, kernel) is expect
+
+
+def test_bash_is_real():
+    assert shutil.which("bash")
