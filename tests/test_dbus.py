@@ -225,12 +225,16 @@ def test_getstatus_is_the_cli_document(daemon, bus, spark):
     assert direct.returncode in (0, 1), direct.stderr
     direct_doc = json.loads(direct.stdout)
     assert direct_doc.pop("source") == "direct"
+    # schema 2 stamps each document with the second it was made; the rest must be the same document
+    for d in (via_daemon, direct_doc):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", d.pop("generated_at", "1970-01-01T00:00:00Z"))
     assert via_daemon == direct_doc
     # The CLI asks the daemon when it runs (root "/"), and says so; the JSON is the same document.
     asked = cli("status", "--json", bus=bus)
     assert asked.returncode in (0, 1), asked.stderr
     asked_doc = json.loads(asked.stdout)
     assert asked_doc.pop("source") == "daemon"
+    asked_doc.pop("generated_at", None)
     assert asked_doc == direct_doc
     text = cli("status", bus=bus)
     assert "(source: spark-memsaverd)" in text.stdout
@@ -646,14 +650,24 @@ def test_every_method_is_authorized_unless_marked_public():
     wrapped = ds.secure_by_default(Probe, ["Unmarked"])
     asked = []
     orig = ds.authorize
-    ds.authorize = lambda con, sender, action: asked.append(action) or ds.Caller(sender, 0)
-    try:
-        class Ctx:
-            sender = ":1.1"
+    # authorization is asynchronous: authorize(con, sender, action, done) answers through done(caller, error)
+    ds.authorize = lambda con, sender, action, done: asked.append(action) or done(ds.Caller(sender, 0), None)
+    replies = []
 
-            class bus:
-                con = None
-        wrapped().Unmarked(dbus_context=Ctx())
+    class Invocation:   # what Gio hands the adaptor for one call
+        def get_sender(self):
+            return ":1.1"
+
+        def get_connection(self):
+            return None
+
+        def return_value(self, v):
+            replies.append(v)
+
+        def return_dbus_error(self, name, text):
+            replies.append((name, text))
+    try:
+        wrapped().Unmarked(Invocation())
     finally:
         ds.authorize = orig
     assert asked == [names.ACTION_MANAGE]
@@ -686,31 +700,42 @@ def test_names_and_shipped_files_agree():
 
 
 def test_unsupported_when_an_operation_module_is_absent(monkeypatch):
-    from spark_memsaver.service import daemon as dmod
+    """Operations are plain imports done in the worker (no importlib registry): an absent engine module fails
+    the job with Unsupported (named); a present one is called as executor.perform(op, host, config,
+    progress=..., **options)."""
+    import types
+
+    import spark_memsaver.act as act_pkg
+    from spark_memsaver.service import operations as ops
     from spark_memsaver.errors import Unsupported
 
-    monkeypatch.setitem(dmod.OPERATIONS, "build", ("no_such_module_here", "build"))
+    monkeypatch.delattr(act_pkg, "executor", raising=False)
+    monkeypatch.setitem(sys.modules, "spark_memsaver.act.executor", None)
+    for op in ops.MUTATIONS:
+        with pytest.raises(Unsupported):
+            ops.run(op, None, None, None)
     with pytest.raises(Unsupported):
-        dmod.resolve_operation("build")
-    with pytest.raises(Unsupported):
-        dmod.operation_available("build")       # decided on the loop, without importing anything
-    monkeypatch.setitem(dmod.OPERATIONS, "build", ("names", "no_such_function"))
-    with pytest.raises(Unsupported):
-        dmod.resolve_operation("build")
-    # A present module is resolved in the worker: its function's absence fails the job with Unsupported.
-    with pytest.raises(Unsupported):
-        dmod.call_operation("build", dmod.operation_available("build"), None, None, None)
+        ops.run("no-such-op", None, None, None)
     calls = []
 
-    def takes_progress(host, config, progress=None, kernel=None):
-        calls.append((host, config, progress, kernel))
+    def perform(op, host, config, *, progress=None, **args):
+        calls.append((op, host, config, progress, args))
         return {"ok": True}
 
-    def no_progress(host, config, password):   # mok.request_enrollment's shape
+    fake = types.ModuleType("spark_memsaver.act.executor")
+    fake.perform = perform
+    monkeypatch.setitem(sys.modules, "spark_memsaver.act.executor", fake)
+    monkeypatch.setattr(act_pkg, "executor", fake, raising=False)
+    assert ops.run("build", "H", "C", "P", kernel="k") == {"ok": True}
+    assert calls == [("build", "H", "C", "P", {"kernel": "k"})]
+
+    def no_progress(host, config, password, wait_at_console=False):   # mok.request_enrollment's shape
         return password == "pw"
-    assert dmod.call_operation("build", takes_progress, "H", "C", "P", kernel="k") == {"ok": True}
-    assert calls == [("H", "C", "P", "k")]
-    assert dmod.call_operation("request-enrollment", no_progress, "H", "C", "P", password="pw") is True
+    mok = types.ModuleType("spark_memsaver.act.mok")
+    mok.request_enrollment = no_progress
+    monkeypatch.setitem(sys.modules, "spark_memsaver.act.mok", mok)
+    monkeypatch.setattr(act_pkg, "mok", mok, raising=False)
+    assert ops.run("request-enrollment", "H", "C", "P", password="pw") is True
 
 
 def test_unprivileged_cli_mutations_go_through_the_daemon(daemon, bus, tmp_path):

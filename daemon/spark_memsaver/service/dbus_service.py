@@ -1,12 +1,14 @@
-"""The D-Bus adaptor: the interface XML, authorization, argument checks and error mapping. No logic.
+"""The D-Bus adaptor: the interface XML, the authorization markers, the Gio publication and the error
+mapping. No logic: everything the methods do is in ``daemon.Daemon`` (the core), argument checks are in
+``checks``, who may call what in ``auth``.
 
-Everything the methods do is in ``daemon.Daemon`` (the core), which is testable without a bus. This module
-turns D-Bus calls into core calls and named errors into ``<interface>.Error.<Name>`` replies.
+Published with Gio directly (no pydbus): a method's reply is sent when its authorization, which is
+asynchronous, has answered (issue 12 defect 6), and the idle daemon does not carry pydbus.
 
 Secure by default (firewalld): ``secure_by_default`` wraps every method of the interface. A method marked
-``@public`` is open to everyone (reads); a method marked ``@requires(action)`` needs uid 0 or that polkit
-action; any other method gets ``names.ACTION_MANAGE``. Forgetting a marker therefore locks a method down,
-it never opens one.
+``@public`` is open to everyone (reads; the caller's uid is still looked up, since what a read shows
+depends on it); a method marked ``@requires(action)`` needs uid 0 or that polkit action; any other method
+gets ``names.ACTION_MANAGE``. Forgetting a marker therefore locks a method down, it never opens one.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import logging
 import re
 
-from spark_memsaver.service import names
-from spark_memsaver.errors import MemsaverError, NotPermitted, UsageError
+from spark_memsaver.errors import MemsaverError
+from spark_memsaver.service import auth, checks, names
+from spark_memsaver.service.auth import Caller, NotAuthorized, TooManyAuthorizations  # noqa: F401
+from spark_memsaver.service.checks import InvalidArgument, check_options, check_password  # noqa: F401
 
 log = logging.getLogger("spark_memsaver.dbus")
 
@@ -55,39 +59,20 @@ INTROSPECTION = f"""<node>
 </node>"""
 
 METHODS = re.findall(r'<method name="(\w+)"', INTROSPECTION)
-
-# --- errors ----------------------------------------------------------------------------------------
-_error_types: dict[str, type] = {}
-
-
-def dbus_error(name: str, message: str) -> Exception:
-    """An exception pydbus replies with as the D-Bus error ``name`` (pydbus sends the class name)."""
-    t = _error_types.get(name)
-    if t is None:
-        t = _error_types[name] = type(name, (Exception,), {})
-    return t(message)
-
-
-def to_dbus_error(e: MemsaverError) -> Exception:
-    text = e.message + (f"\nremedy: {e.remedy}" if e.remedy else "")
-    return dbus_error(names.error_name(e), text)
-
-
-class InvalidArgument(UsageError):
-    code = "invalid-argument"
-
-
-class NotAuthorized(NotPermitted):
-    code = "not-authorized"
+OUT_SIG = {m: "".join(re.findall(r'type="([^"]+)" direction="out"', body))
+           for m, body in re.findall(r'<method name="(\w+)">(.*?)</method>', INTROSPECTION)}
+SIGNALS = {n: "(" + "".join(re.findall(r'type="([^"]+)"', body)) + ")"
+           for n, body in re.findall(r'<signal name="(\w+)">(.*?)</signal>', INTROSPECTION)}
 
 
 class NotFound(MemsaverError):
     code = "not-found"
 
 
-# --- authorization ---------------------------------------------------------------------------------
+# --- authorization markers -------------------------------------------------------------------------
 _MARK = "_spark_memsaver_action"
 _PUBLIC = object()
+AUTHORIZER: auth.Authorizer | None = None
 
 
 def public(fn):
@@ -106,221 +91,159 @@ def requires(action: str):
     return mark
 
 
-class Caller:
-    __slots__ = ("sender", "uid")
-
-    def __init__(self, sender: str | None, uid: int | None):
-        self.sender, self.uid = sender, uid
-
-
-def _call_bus(con, dest, path, iface, method, args, reply_type, timeout_ms):
-    from gi.repository import Gio, GLib
-
-    return con.call_sync(dest, path, iface, method, args, GLib.VariantType.new(reply_type),
-                         Gio.DBusCallFlags.NONE, timeout_ms, None).unpack()
-
-
-def caller_uid(con, sender: str) -> int:
-    from gi.repository import GLib
-
-    return _call_bus(con, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                     "GetConnectionUnixUser", GLib.Variant("(s)", (sender,)), "(u)", 5000)[0]
-
-
-def authorize(con, sender: str, action: str) -> Caller:
-    """Allow uid 0; ask polkit (non-interactive) for anyone else; raise NotAuthorized otherwise."""
-    from gi.repository import GLib
-
-    try:
-        uid = caller_uid(con, sender)
-    except GLib.Error as e:
-        raise NotAuthorized(f"cannot identify the caller {sender}: {e.message}")
-    if uid == 0:
-        return Caller(sender, uid)
-    subject = ("system-bus-name", {"name": GLib.Variant("s", sender)})
-    try:
-        allowed, challenge, _details = _call_bus(
-            con, names.POLKIT_NAME, names.POLKIT_PATH, names.POLKIT_IFACE, "CheckAuthorization",
-            GLib.Variant("((sa{sv})sa{ss}us)", (subject, action, {}, 0, "")), "((bba{ss}))",
-            names.POLKIT_TIMEOUT_MS)[0]
-    except GLib.Error as e:
-        log.warning("polkit check of %s for uid %d failed: %s", action, uid, e.message)
-        raise NotAuthorized(f"uid {uid} is not root and polkit could not be asked about {action} "
-                            f"({e.message})",
-                            remedy="Run the command as root, or make sure polkitd is installed and running.")
-    if not allowed:
-        how = "needs authentication (interactive authentication is not offered)" if challenge else "is denied"
-        log.info("denied %s to uid %d (%s)", action, uid, sender)
-        raise NotAuthorized(f"polkit action {action} {how} for uid {uid}",
-                            remedy="Run the command as root (sudo), or ask the administrator for a polkit rule "
-                                   f"granting {action}.")
-    return Caller(sender, uid)
+def authorize(con, sender: str, action: str | None, done) -> None:
+    """Asynchronous: ``done(caller, None)`` or ``done(None, error)`` later (``action`` None: identify only)."""
+    global AUTHORIZER
+    if AUTHORIZER is None:
+        AUTHORIZER = auth.Authorizer()
+    AUTHORIZER.check(con, sender, action, done)
 
 
 def secure_by_default(cls, methods=None):
-    """Wrap every interface method: authorization first (unless @public), then named-error mapping."""
+    """Wrap every interface method: authorization first, then the call, then the reply or a named error."""
     for name in METHODS if methods is None else methods:
         impl = getattr(cls, name)
         action = getattr(impl, _MARK, names.ACTION_MANAGE)
-        setattr(cls, name, _wrap(name, impl, action))
+        setattr(cls, name, _wrap(name, impl, action, OUT_SIG.get(name, "")))
     return cls
 
 
-def _wrap(name, impl, action):
-    def method(self, *args, dbus_context=None):
-        try:
-            sender = dbus_context.sender if dbus_context is not None else None
-            if action is _PUBLIC:
-                caller = Caller(sender, None)
-            else:
-                con = dbus_context.bus.con
-                caller = authorize(con, sender, action)
-            return impl(self, *args, caller=caller)
-        except MemsaverError as e:
-            log.info("%s() -> %s: %s", name, names.error_name(e), e.message)
-            raise to_dbus_error(e) from None
-        except Exception as e:  # a bug: log it fully, answer with a named error, stay up
-            log.exception("%s() failed with an internal error", name)
-            raise dbus_error(names.ERROR_FAILED, f"internal error in {name}: {type(e).__name__}: {e}") from None
+def _wrap(name, impl, action, out_sig):
+    def method(self, invocation, *args):
+        def done(caller, err):
+            if err is not None:
+                reply_error(invocation, name, err, logged=not isinstance(err, (NotAuthorized, TooManyAuthorizations)))
+                return
+            try:
+                result = impl(self, *args, caller=caller)
+            except Exception as e:
+                reply_error(invocation, name, e)
+                return
+            reply(invocation, out_sig, result)
+        authorize(invocation.get_connection(), invocation.get_sender(), None if action is _PUBLIC else action, done)
     method.__name__ = name
     method.__doc__ = impl.__doc__
     return method
 
 
-# --- argument checks -------------------------------------------------------------------------------
-_KERNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
-_DRIVER_RE = re.compile(r"^\d{3}\.\d{1,3}(?:\.\d{1,3})?$")
+def reply(invocation, out_sig: str, result) -> None:
+    from gi.repository import GLib
+
+    invocation.return_value(GLib.Variant(f"({out_sig})", (result,)) if out_sig else None)
 
 
-def _kernel(v: str) -> str:
-    if not _KERNEL_RE.match(v):
-        raise InvalidArgument(f"'kernel' is not a kernel release: {v!r}",
-                              remedy="Give a release as listed under /lib/modules, e.g. 6.14.0-1015-nvidia-64k.")
-    return v
-
-
-def _driver(v: str) -> str:
-    if not _DRIVER_RE.match(v):
-        raise InvalidArgument(f"'driver_version' is not an NVIDIA driver version: {v!r}",
-                              remedy="Give a version such as 580.142 or 550.163.01.")
-    return v
-
-
-def _reason(v: str) -> str:
-    if not v.strip() or len(v) > 200 or any(ord(c) < 32 for c in v):
-        raise InvalidArgument("'reason' must be 1-200 printable characters")
-    return v
-
-
-def _cert(v: str) -> str:
-    if not v.startswith("/") or "\0" in v or len(v) > 4096:
-        raise InvalidArgument(f"'cert' must be an absolute path: {v!r}")
-    return v
-
-
-# option name -> (python type, checker, kwarg name)
-OPTIONS = {
-    "Build": {"kernel": (str, _kernel, "kernel"), "driver_version": (str, _driver, "driver_version")},
-    "Install": {"kernel": (str, _kernel, "kernel"), "all_kernels": (bool, None, "all_kernels")},
-    "Remove": {"kernel": (str, _kernel, "kernel"), "all_kernels": (bool, None, "all_kernels")},
-    "Activate": {},
-    "Rollback": {"reason": (str, _reason, "reason")},
-    "RequestEnrollment": {"cert": (str, _cert, "cert"), "wait_at_console": (bool, None, "wait_at_console")},
-    "Refresh": {},
-}
-_TYPE_NAMES = {str: "a string (s)", bool: "a boolean (b)"}
-
-
-def check_options(method: str, options) -> dict:
-    """a{sv} options -> keyword arguments, or InvalidArgument naming the bad key."""
-    spec = OPTIONS[method]
-    if not isinstance(options, dict):
-        raise InvalidArgument(f"{method}: options must be a dictionary (a{{sv}})")
-    kwargs = {}
-    for key, value in options.items():
-        if key not in spec:
-            known = ", ".join(sorted(spec)) or "none"
-            raise InvalidArgument(f"{method}: unknown option '{key}' (known options: {known})")
-        typ, check, kw = spec[key]
-        if type(value) is not typ:
-            raise InvalidArgument(f"{method}: option '{key}' must be {_TYPE_NAMES[typ]}, "
-                                  f"got {type(value).__name__}")
-        kwargs[kw] = check(value) if check else value
-    if kwargs.get("all_kernels") and "kernel" in kwargs:
-        raise InvalidArgument(f"{method}: give either 'kernel' or 'all_kernels', not both")
-    return kwargs
-
-
-def check_password(password) -> str:
-    if not isinstance(password, str) or not password:
-        raise InvalidArgument("RequestEnrollment: the one-time MOK password must not be empty",
-                              remedy="Choose a password to type at the MOK manager on the next boot.")
-    if len(password) > 256 or any(c in password for c in "\0\n\r"):
-        raise InvalidArgument("RequestEnrollment: the password must be at most 256 characters on one line")
-    return password
+def reply_error(invocation, name: str, e: BaseException, logged: bool = True) -> None:
+    if isinstance(e, MemsaverError):
+        if logged:
+            log.info("%s() -> %s: %s", name, names.error_name(e), e.message)
+        text = e.message + (f"\nremedy: {e.remedy}" if e.remedy else "")
+        invocation.return_dbus_error(names.error_name(e), text)
+        return
+    log.error("%s() failed with an internal error", name, exc_info=e)   # a bug: log it fully, stay up
+    invocation.return_dbus_error(names.ERROR_FAILED, f"internal error in {name}: {type(e).__name__}: {e}")
 
 
 # --- the object ------------------------------------------------------------------------------------
+@secure_by_default
+class Manager:
+    def __init__(self, core):
+        self._core = core
+
+    # reads -----------------------------------------------------------------------------------------
+    @public
+    def GetStatus(self, *, caller):
+        return self._core.status_json(full=caller.privileged)
+
+    @public
+    def GetHistory(self, *, caller):
+        return self._core.history_json()
+
+    @public
+    def GetJob(self, job_id, *, caller):
+        return self._core.job_json(job_id, full=caller.privileged)
+
+    # operations ------------------------------------------------------------------------------------
+    @requires(names.ACTION_BUILD)
+    def Build(self, options, *, caller):
+        return self._core.start_operation("build", check_options("Build", options), caller)
+
+    @requires(names.ACTION_INSTALL)
+    def Install(self, options, *, caller):
+        return self._core.start_operation("install", check_options("Install", options), caller)
+
+    @requires(names.ACTION_REMOVE)
+    def Remove(self, options, *, caller):
+        return self._core.start_operation("remove", check_options("Remove", options), caller)
+
+    @requires(names.ACTION_ACTIVATE)
+    def Activate(self, options, *, caller):
+        return self._core.start_operation("activate", check_options("Activate", options), caller)
+
+    @requires(names.ACTION_ROLLBACK)
+    def Rollback(self, options, *, caller):
+        return self._core.start_operation("rollback", check_options("Rollback", options), caller)
+
+    @requires(names.ACTION_REQUEST_ENROLLMENT)
+    def RequestEnrollment(self, password, options, *, caller):
+        kwargs = check_options("RequestEnrollment", options)
+        kwargs["password"] = check_password(password)
+        return self._core.start_operation("request-enrollment", kwargs, caller)
+
+    @requires(names.ACTION_REFRESH)
+    def Refresh(self, options, *, caller):
+        check_options("Refresh", options)
+        return self._core.start_refresh(caller)
+
+
 def make_manager_class():
-    """Build the published class (imports pydbus lazily; ``signal`` attributes must exist at publish time)."""
-    from pydbus.generic import signal
-
-    @secure_by_default
-    class Manager:
-        dbus = INTROSPECTION
-        PropertiesChanged = signal()
-        JobProgress = signal()
-        JobFinished = signal()
-
-        def __init__(self, core):
-            self._core = core
-
-        # reads -------------------------------------------------------------------------------------
-        @public
-        def GetStatus(self, *, caller):
-            return self._core.status_json()
-
-        @public
-        def GetHistory(self, *, caller):
-            return self._core.history_json()
-
-        @public
-        def GetJob(self, job_id, *, caller):
-            return self._core.job_json(job_id)
-
-        # operations ----------------------------------------------------------------------------------
-        @requires(names.ACTION_BUILD)
-        def Build(self, options, *, caller):
-            return self._core.start_operation("build", check_options("Build", options), caller)
-
-        @requires(names.ACTION_INSTALL)
-        def Install(self, options, *, caller):
-            return self._core.start_operation("install", check_options("Install", options), caller)
-
-        @requires(names.ACTION_REMOVE)
-        def Remove(self, options, *, caller):
-            return self._core.start_operation("remove", check_options("Remove", options), caller)
-
-        @requires(names.ACTION_ACTIVATE)
-        def Activate(self, options, *, caller):
-            return self._core.start_operation("activate", check_options("Activate", options), caller)
-
-        @requires(names.ACTION_ROLLBACK)
-        def Rollback(self, options, *, caller):
-            return self._core.start_operation("rollback", check_options("Rollback", options), caller)
-
-        @requires(names.ACTION_REQUEST_ENROLLMENT)
-        def RequestEnrollment(self, password, options, *, caller):
-            kwargs = check_options("RequestEnrollment", options)
-            kwargs["password"] = check_password(password)
-            return self._core.start_operation("request-enrollment", kwargs, caller)
-
-        @requires(names.ACTION_REFRESH)
-        def Refresh(self, options, *, caller):
-            check_options("Refresh", options)
-            return self._core.start_refresh(caller)
-
-    # Properties: cheap reads of the core's cache; a getter never raises (GetAll would fail whole).
-    for _name in PROPERTIES:
-        setattr(Manager, _name, property(lambda self, _n=_name: self._core.props[_n]))
     return Manager
+
+
+class Publication:
+    """``Manager`` on a connection: dispatch of method calls and property reads, and the signals."""
+
+    def __init__(self, con, core):
+        from gi.repository import Gio
+
+        self.con, self.core, self.manager = con, core, Manager(core)
+        self._info = Gio.DBusNodeInfo.new_for_xml(INTROSPECTION).interfaces[0]
+        self._id = con.register_object(names.OBJECT_PATH, self._info, self._on_call, None, None)
+
+    def unregister(self) -> None:
+        if self._id:
+            self.con.unregister_object(self._id)
+            self._id = 0
+
+    def _on_call(self, _con, _sender, _path, iface, method, params, invocation) -> None:
+        if iface == names.PROPERTIES_IFACE:
+            self._properties(method, params.unpack(), invocation)
+            return
+        getattr(self.manager, method)(invocation, *params.unpack())
+
+    def _properties(self, method, args, invocation) -> None:
+        """Reads from the core's cache: never blocks, never waits on an authorization."""
+        from gi.repository import GLib
+
+        props = self.core.props
+        if method == "GetAll":
+            values = {n: GLib.Variant(s, props[n]) for n, s in PROPERTIES.items()} if args[0] == names.INTERFACE else {}
+            invocation.return_value(GLib.Variant("(a{sv})", (values,)))
+        elif method == "Get" and args[1] in PROPERTIES and args[0] == names.INTERFACE:
+            invocation.return_value(GLib.Variant("(v)", (GLib.Variant(PROPERTIES[args[1]], props[args[1]]),)))
+        elif method == "Get":
+            invocation.return_dbus_error("org.freedesktop.DBus.Error.UnknownProperty", f"no property {args[1]!r}")
+        else:
+            invocation.return_dbus_error("org.freedesktop.DBus.Error.PropertyReadOnly", "every property is read-only")
+
+    # signals (main loop only) ---------------------------------------------------------------------------
+    def emit(self, name: str, *args) -> None:
+        from gi.repository import GLib
+
+        self.con.emit_signal(None, names.OBJECT_PATH, names.INTERFACE, name, GLib.Variant(SIGNALS[name], args))
+
+    def properties_changed(self, changed: dict) -> None:
+        from gi.repository import GLib
+
+        values = {k: GLib.Variant(PROPERTIES[k], v) for k, v in changed.items()}
+        self.con.emit_signal(None, names.OBJECT_PATH, names.PROPERTIES_IFACE, "PropertiesChanged",
+                             GLib.Variant("(sa{sv}as)", (names.INTERFACE, values, [])))

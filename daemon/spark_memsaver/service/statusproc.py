@@ -1,0 +1,118 @@
+"""The status document, computed in a short-lived child process so the resident daemon never imports the
+observers, decisions, YAML or the engines they reach (idle RSS, see benchmarks/daemon_footprint.py).
+
+    python3 -m spark_memsaver.service.statusproc --root R [--config FILE]   (stdin: the daemon's config, JSON)
+
+Writes one JSON object to stdout: ``{"config": {...} | null, "config_error": {...} | null,
+"doc": {...} | null, "error": {...} | null}``. The config file is re-read on every run (so an edit is
+picked up by the next refresh); when it is bad the daemon's current config (stdin) is used and the error
+is returned. :func:`compute` is the daemon's side: it runs this with a time limit and parses the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TIMEOUT_S = 600
+
+
+def _config_from(d: dict | None):
+    from spark_memsaver import config as cfg
+
+    if not d:
+        return cfg.Config()
+    d = dict(d)
+    d["notes"] = tuple(d.get("notes") or ())
+    return cfg.Config(**d)
+
+
+def config_dict(c) -> dict:
+    import dataclasses
+
+    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    d["notes"] = list(d.get("notes") or ())
+    return d
+
+
+def child(root: str, config_path: str | None, fallback: dict | None) -> dict:
+    from spark_memsaver import config as cfg
+    from spark_memsaver.errors import MemsaverError
+    from spark_memsaver.host import Host
+    from spark_memsaver.service.jobs import error_dict
+
+    out = {"config": None, "config_error": None, "doc": None, "error": None}
+    try:
+        c = cfg.load(config_path, root=root)
+        out["config"] = config_dict(c)
+    except MemsaverError as e:
+        out["config_error"] = error_dict(e)
+        c = _config_from(fallback)
+    try:
+        from spark_memsaver.report.document import status
+        out["doc"], _verdict = status(Host(root), c)
+    except MemsaverError as e:
+        out["error"] = error_dict(e)
+    except Exception as e:   # a bug: report it as a named internal error, never a silent empty status
+        import traceback
+        traceback.print_exc(file=sys.stderr)
+        out["error"] = error_dict(e)
+    return out
+
+
+def compute(root: str, config_path: str | None, current: dict | None, env: dict | None = None) -> dict:
+    """Daemon side (a worker thread): run the child, return its answer (``error`` set when it failed)."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "spark_memsaver.service.statusproc", "--root", root]
+    if config_path:
+        argv += ["--config", config_path]
+    try:
+        r = subprocess.run(argv, input=json.dumps(current), capture_output=True, text=True, timeout=TIMEOUT_S,
+                           env=env)
+    except subprocess.TimeoutExpired:
+        return _failed(f"the status computation took longer than {TIMEOUT_S} s")
+    except OSError as e:
+        return _failed(f"cannot run the status computation: {e.strerror or e}")
+    if r.stderr.strip():
+        sys.stderr.write(r.stderr)
+    try:
+        ans = json.loads(r.stdout)
+        if isinstance(ans, dict):
+            return ans
+    except ValueError:
+        pass
+    return _failed(f"the status computation exited {r.returncode} without an answer")
+
+
+def _failed(message: str) -> dict:
+    return {"config": None, "config_error": None, "doc": None,
+            "error": {"code": "internal-error", "name": "Failed", "message": f"internal error: {message}",
+                      "remedy": "See 'journalctl -u spark-memsaver' and report it as a bug.", "exit_code": 3}}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    root, config_path = "/", None
+    while argv:
+        a = argv.pop(0)
+        if a == "--root" and argv:
+            root = argv.pop(0)
+        elif a == "--config" and argv:
+            config_path = argv.pop(0)
+        else:
+            print(f"usage: statusproc [--root DIR] [--config FILE] (unknown {a!r})", file=sys.stderr)
+            return 2
+    try:
+        fallback = json.loads(sys.stdin.read() or "null")
+    except ValueError:
+        fallback = None
+    out = child(root, config_path, fallback if isinstance(fallback, dict) else None)
+    sys.stdout.write(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.pop("JOURNAL_STREAM", None)
+    sys.exit(main())
