@@ -30,7 +30,7 @@ JOB_METHODS = {"Build": "(a{sv})", "Install": "(a{sv})", "Remove": "(a{sv})", "A
 
 class DaemonNotRunning(errors.MemsaverError):
     code = "daemon-not-running"
-    remedy = "Start it with 'systemctl start spark-memsaver', or see 'journalctl -u spark-memsaver'."
+    remedy = "Start it with 'systemctl start spark-memsaverd.service', or see 'journalctl -u spark-memsaverd.service'."
 
 
 class DaemonError(errors.MemsaverError):
@@ -246,7 +246,7 @@ def call_job(method: str, *args, progress=None, timeout: float | None = None, **
         ctx.pop_thread_default()
     if state["finished"] is None:
         raise DaemonError(f"spark-memsaverd stopped while job {job_id} ({method}) ran",
-                          remedy="See 'journalctl -u spark-memsaver'; an interrupted operation is "
+                          remedy="See 'journalctl -u spark-memsaverd.service'; an interrupted operation is "
                                  "recovered by 'spark-memsaver reconcile'.")
     jid, operation, success, error_name, message, payload = state["finished"]
     try:

@@ -56,7 +56,7 @@ def error_dict(e: BaseException) -> dict:
         return d
     return {"code": "internal-error", "name": "Failed", "dbus_name": names.ERROR_FAILED, "exit_code": 3,
             "message": f"internal error: {type(e).__name__}: {e}",
-            "remedy": "See 'journalctl -u spark-memsaver' and report it as a bug."}
+            "remedy": "See 'journalctl -u spark-memsaverd.service' and report it as a bug."}
 
 
 class JobManager:

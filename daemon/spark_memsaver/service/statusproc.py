@@ -89,7 +89,7 @@ def compute(root: str, config_path: str | None, current: dict | None, env: dict 
 def _failed(message: str) -> dict:
     return {"config": None, "config_error": None, "doc": None,
             "error": {"code": "internal-error", "name": "Failed", "message": f"internal error: {message}",
-                      "remedy": "See 'journalctl -u spark-memsaver' and report it as a bug.", "exit_code": 3}}
+                      "remedy": "See 'journalctl -u spark-memsaverd.service' and report it as a bug.", "exit_code": 3}}
 
 
 def main(argv=None) -> int:
