@@ -77,6 +77,22 @@ def test_dropin_values_cannot_execute_when_bash_sources_them(tmp_path, pair, pay
     assert oct(dropin.stat().st_mode & 0o777) == "0o644"
 
 
+def test_mok_status_reads_the_quoted_dropin_back(tmp_path, pair):
+    """The MOK reader (observe/mok.py) and bash agree on a certificate path with a quote and a `$(...)` in it."""
+    from spark_memsaver.act import mok
+
+    mark = tmp_path / "pwned"
+    key, cert = f"/etc/keys/$(touch {mark})/node.key", "/etc/keys/it's \"ours\"/node.der"
+    root = _root(tmp_path, pair, key, cert)
+    host = Host(str(root))
+    signing.ensure(host, _cfg(key, cert))
+    assert _source_in_bash(root / signing.DROPIN.lstrip("/"), tmp_path) == [key, cert]
+    assert mok.dkms_signing_config(host)["mok_certificate"] == cert
+    c = mok.observe(host)["certificate"]
+    assert c["path"] == cert and c["present"] and c["origin"].startswith("mok_certificate in")
+    assert not mark.exists()
+
+
 def test_an_unparsable_certificate_is_refused_before_anything_is_written(tmp_path, pair):
     key, cert = "/etc/keys/node.key", "/etc/keys/node.der"
     root = _root(tmp_path, pair, key, cert, cert=b"not a certificate\n")

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import stat
 
 from spark_memsaver.decide.mok import (EFI_DIR, EFIVARS_DIR, LISTS, LOADABLE, MOKVAR_DIR, MOKVAR_NAMES, PRESENCE,
@@ -143,6 +144,14 @@ _ASSIGN_RE = re.compile(r"^\s*(?:export\s+)?(mok_certificate|mok_signing_key)=(.
 
 
 def _shell_value(v: str) -> str:
+    """One shell word as bash reads it (shlex: so a value act/signing.py wrote shlex-quoted reads back
+    exactly); a simple quote/comment split for anything shlex cannot take as one word."""
+    try:
+        words = shlex.split(v, comments=True)
+    except ValueError:
+        words = None
+    if words is not None and len(words) == 1:
+        return words[0]
     v = v.strip()
     if v[:1] in ("'", '"'):
         q = v[0]
