@@ -235,7 +235,7 @@ def observe_dkms(host: Host) -> dict:
 def observe_secure_boot(host: Host, config=None) -> dict:
     """config: the one the caller runs with (its signing_cert names the certificate); None reads the host's."""
     try:
-        from spark_memsaver.act import mok  # the full reading, when present
+        from spark_memsaver.observe import mok  # the full reading (observe/mok.py), when present
         return mok.observe(host, config=config)
     except ImportError:
         pass
@@ -371,7 +371,12 @@ def snapshot(host: Host, config=None) -> dict:
     only used to know which certificate is ours, never reloaded here when given."""
     t0 = time.monotonic()
     h = observe_host(host)
-    if h["kernel"] is None:
+    unknown = []
+    if h["kernel"] is None and not host.is_live and not os.path.isdir(host.path("/proc")) \
+            and (os.path.isdir(host.path("/lib/modules")) or os.path.isdir(host.path("/usr/lib/modules"))):
+        # A mounted image: nothing runs there. Say which parts are unknown instead of refusing.
+        unknown = ["running kernel", "loaded modules", "memory", "holders of /dev/nvidia-uvm"]
+    elif h["kernel"] is None:
         from spark_memsaver.errors import InspectionError
         raise InspectionError(f"{host.root}: no kernel release found at proc/sys/kernel/osrelease",
                               remedy="Point --root at a system root with /proc and /sys mounted.")
@@ -391,5 +396,6 @@ def snapshot(host: Host, config=None) -> dict:
         "records": observe_records(host),
     }
     snap["hazard_inputs"] = observe_hazard_inputs(host, h, snap["driver"], kernels)
+    snap["unknown"] = unknown
     snap["observed_in_s"] = round(time.monotonic() - t0, 4)
     return snap
