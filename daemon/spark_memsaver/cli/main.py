@@ -65,7 +65,14 @@ class SafeGroup(click.Group):
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            e.show()
+            if _wants_json():  # usage errors are JSON too when JSON was asked for
+                from spark_memsaver.errors import UsageError
+                ctx = getattr(e, "ctx", None)
+                where = ctx.command_path if ctx is not None else "spark-memsaver"
+                err = UsageError(e.format_message(), remedy=f"See '{where} --help'.")
+                emit_error(err)
+            else:
+                e.show()
             sys.exit(EXIT_USAGE)
         except click.Abort:
             click.echo("aborted", err=True)
@@ -100,14 +107,29 @@ def cli(ctx, root, config_path, debug):
     ctx.obj = Context(root, config_path, debug)
 
 
+# status --quiet: the state as the exit status, like 'systemctl is-active' (README's table, the man page).
+QUIET_CODES = {"active": 0, "stock": 0, "not-applicable": 0, "built": 0, "installed": 0,
+               "needs-attention": 1, "inactive": 3, "rolled-back": 4, "unverified": 5}
+
+
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document (schema 1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document (schema 2).")
 @click.option("--direct", is_flag=True, help="Inspect directly even when spark-memsaverd runs.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; exit with the state's code (below).")
 @click.pass_obj
-def status(obj: Context, as_json: bool, direct: bool):
+def status(obj: Context, as_json: bool, direct: bool, quiet: bool):
     """Show what is installed, selected, loaded and saved, and what to do about it.
 
     Exit status: 0 consistent, 1 a problem was found, 2 inspection impossible or bad usage.
+
+    \b
+    With --quiet, the state alone decides, like 'systemctl is-active':
+      0  active, stock, not-applicable, built, installed (consistent)
+      1  needs-attention
+      2  inspection impossible or bad usage
+      3  inactive
+      4  rolled-back
+      5  unverified
     """
     config = obj.config  # validate the config first: a bad file is exit 2
     doc = None
@@ -121,6 +143,8 @@ def status(obj: Context, as_json: bool, direct: bool):
         from spark_memsaver.report.document import status as run_status
         doc, _ = run_status(obj.host, config)
         doc["source"] = "direct"
+    if quiet:
+        return QUIET_CODES.get(doc.get("state"), 1)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -140,13 +164,18 @@ def config():
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def config_show(obj: Context, as_json: bool):
-    """Print the effective configuration (defaults merged with the file)."""
+    """Print the effective configuration (defaults merged with the file) as YAML."""
     d = obj.config.to_dict()
     if as_json:
         click.echo(json.dumps(d, indent=2))
-    else:
-        for k, v in d.items():
-            click.echo(f"{k + ':':<22}{v}")
+    else:  # YAML, loadable as a config file; where it came from is a comment
+        import yaml
+        source = d.pop("source", None)
+        if source:
+            click.echo(f"# source: {source}")
+        for note in d.pop("notes", None) or []:
+            click.echo(f"# note: {note}".replace("\n", " "))
+        click.echo(yaml.safe_dump(d, sort_keys=False, default_flow_style=False), nl=False)
 
 
 # The other commands live in their own modules of this package, each adding itself with register(group).

@@ -67,6 +67,7 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
         "config": {"kernels": config.kernels, "tier": config.tier, "interval": config.interval,
                    "source": config.source},
         "findings": [x.to_dict() for x in verdict.findings],
+        "unknown": list(snap.get("unknown") or []),
     }
 
 
@@ -78,17 +79,20 @@ def status(host: Host, config: Config) -> tuple[dict, Verdict]:
 
 
 def _mib(n) -> str:
+    """One unit in the text: GiB with two decimals (JSON keeps bytes)."""
     if n is None:
         return "n/a"
-    return f"{n / 1048576:.1f} MiB" if n < 10 * 1073741824 else f"{n / 1073741824:.2f} GiB"
+    return f"{n / 1073741824:.2f} GiB"
 
 
 def render_text(doc: dict) -> str:
     """Aligned, readable status."""
+    unknown = doc.get("unknown") or []
+    kernel = (f"{doc['host']['kernel']} ({doc['host']['arch']}, {(doc['host']['page_size'] or 0) // 1024 or '?'}"
+              " KiB pages)") if doc["host"].get("kernel") else "unknown (nothing runs under this root)"
     rows = [
         ("State", doc["state"]),
-        ("Kernel", f"{doc['host']['kernel']} ({doc['host']['arch']}, "
-                   f"{(doc['host']['page_size'] or 0) // 1024 or '?'} KiB pages)"),
+        ("Kernel", kernel),
         ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
         ("Driver sources", ", ".join(s["version"] for s in doc["driver"]["sources"]) or "none"),
         ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
@@ -103,17 +107,29 @@ def render_text(doc: dict) -> str:
         rows.append(("Last validation", f"{last.get('outcome', '?')}: {last.get('reason', '')}"
                      + (f" ({last.get('finished_at')})"
                         if last.get("finished_at") else "")))
+    if unknown:
+        rows.append(("Unknown", ", ".join(unknown) + " (no /proc under this root: an image, not a running system)"))
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{k + ':':<{width}}{v}" for k, v in rows]
     if doc["kernels"]:
         lines.append("")
         lines.append("Kernels:")
+        lines.append(f"  {'':1} {'RELEASE':<28} {'PAGE':>6}  {'HEADERS':<8} {'UVM':<6} {'VERSION'}")
         for k in doc["kernels"]:
             sel = k["uvm_selected"] or {}
             which = "ours" if sel.get("patched") else ("stock" if sel.get("path") else "none")
-            lines.append(f"  {'*' if k['running'] else ' '} {k['release']:<28} "
-                         f"{(k['page_size'] or 0) // 1024 or '?':>2} KiB  headers:{'yes' if k['headers'] else 'no ':<4}"
-                         f" uvm:{which:<6} {sel.get('version') or ''}")
+            page = f"{(k['page_size'] or 0) // 1024 or '?'} KiB"
+            lines.append(f"  {'*' if k['running'] else ' '} {k['release']:<28} {page:>6}  "
+                         f"{'yes' if k['headers'] else 'no':<8} {which:<6} {sel.get('version') or ''}".rstrip())
+        if any(k["running"] for k in doc["kernels"]):
+            lines.append("  (* running)")
+    holders = doc.get("uvm_holders")
+    if holders:
+        lines.append("")
+        lines.append(f"Holding /dev/nvidia-uvm ({len(holders)}):")
+        lines.append(f"  {'PID':>7}  COMMAND")
+        for h in holders:
+            lines.append(f"  {h.get('pid', '?'):>7}  {h.get('comm', '?')}")
     if doc["findings"]:
         lines.append("")
         for f in doc["findings"]:
