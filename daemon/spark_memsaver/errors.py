@@ -94,3 +94,11 @@ class SecureBootUnknown(SafetyRefusal):
     code = "secure-boot-unknown"
     remedy = ("Check that efivarfs is mounted (mount -t efivarfs efivarfs /sys/firmware/efi/efivars) and "
               "readable; run 'spark-memsaver mok status' for the reason.")
+
+
+class LockTimeout(Busy):
+    """A spark-memsaver lock stayed held past the bounded wait."""
+
+    code = "lock-timeout"
+    remedy = ("Another spark-memsaver operation is running (see the holder named above); wait for it to "
+              "finish, or stop it, then retry.")

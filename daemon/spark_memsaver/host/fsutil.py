@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 
 
 def fsync_dir(d: str) -> None:
@@ -22,22 +22,31 @@ def fsync_dir(d: str) -> None:
 
 
 def atomic_write(path, data: bytes | str, mode: int = 0o644, durable: bool = True) -> None:
-    """Replace ``path`` atomically: a temporary file beside it, (fsync,) rename over the target, (fsync
-    of the directory). A reader sees the old or the new content, never a mix; a crash leaves at most a
-    stray ``.name.*.tmp`` file. ``durable=False`` skips the fsyncs (for data that is rewritten anyway)."""
+    """Replace ``path`` atomically: a new unique temp file beside it (O_CREAT|O_EXCL|O_NOFOLLOW), fchmod on
+    the open fd (never a path), fsync, rename over the target, fsync of the directory. A reader sees the old
+    or the new content; a crash leaves at most a stray ``.name.*.tmp``."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, mode=0o755, exist_ok=True)
     if isinstance(data, str):
         data = data.encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=d)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(d, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -28,6 +30,21 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+def _run_group(argv, input, timeout, env, cwd, text):
+    """subprocess.run in a new session; on timeout the WHOLE process group is killed, then reaped."""
+    with subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, text=text,
+                          errors="replace" if text else None, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(argv, proc.poll(), out, err)
 
 
 class Runner:
@@ -58,8 +75,7 @@ class Runner:
             full_env.update(env)
         t0 = time.monotonic()
         try:
-            p = subprocess.run([exe] + argv[1:], input=input, capture_output=True, timeout=timeout,
-                               env=full_env, cwd=cwd, text=text, errors="replace" if text else None)
+            p = _run_group([exe] + argv[1:], input, timeout, full_env, cwd, text)
         except subprocess.TimeoutExpired:
             log.warning("timed out after %.0fs: %s", timeout, " ".join(argv))
             raise CommandTimedOut(f"'{' '.join(argv)}' did not finish within {timeout:.0f} s",

@@ -1,0 +1,49 @@
+"""Every on-disk location of spark-memsaver, in one module (host paths; map with ``Host.path()``)."""
+
+from __future__ import annotations
+
+import re
+
+STATE_DIR = "/var/lib/spark-memsaver"
+RUN_DIR = "/run/spark-memsaver"          # root-only 0700: the daemon's RuntimeDirectory; every lock lives here
+CACHE_DIR = "/var/cache/spark-memsaver"
+CONFIG_FILE = "/etc/spark-memsaver/config.yaml"
+LOG_DIR = f"{STATE_DIR}/logs"
+INTENTS = f"{STATE_DIR}/intents"
+ROLLBACKS = f"{STATE_DIR}/rollbacks"
+HISTORY = f"{STATE_DIR}/history.jsonl"
+STOCK_DIR = f"{STATE_DIR}/stock"
+DKMS_STATE = f"{STATE_DIR}/dkms"          # stock records <kernel>.json and original/<kernel>/
+SIGNING_RECORD = f"{STATE_DIR}/signing.json"
+SIGNED_LOG = f"{STATE_DIR}/signed.json"
+MOK_REQUEST = f"{STATE_DIR}/mok-request.json"
+VALIDATE_REPORT = f"{STATE_DIR}/validate-last.json"
+LOCK_NAMES = ("lifecycle", "validate")
+
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def safe_name(s: str | None) -> str:
+    return _SAFE.sub("_", s or "all")
+
+
+def lock(name: str) -> str:
+    if name not in LOCK_NAMES:
+        raise ValueError(f"unknown lock {name!r}")
+    return f"{RUN_DIR}/{name}.lock"
+
+
+def intent(iid: str) -> str:
+    return f"{INTENTS}/{safe_name(iid)}.json"
+
+
+def rollback(kernel: str) -> str:
+    return f"{ROLLBACKS}/{safe_name(kernel)}.json"
+
+
+def stock_record(kernel: str) -> str:
+    return f"{DKMS_STATE}/{safe_name(kernel)}.json"
+
+
+def stock_original(kernel: str) -> str:
+    return f"{DKMS_STATE}/original/{safe_name(kernel)}"
