@@ -25,6 +25,7 @@ import os
 import re
 
 from spark_memsaver.host import Host
+from spark_memsaver.host.locks import start_time as _start_time
 from spark_memsaver.host.fsutil import atomic_write, fsync_dir  # noqa: F401  (atomic_write is used by lifecycle)
 
 STATE_DIR = "/var/lib/spark-memsaver"
@@ -83,7 +84,7 @@ def write_intent(host: Host, op: str, kernel: str | None = None, phase: str = "s
         raise ValueError(f"unknown operation {op!r}")
     iid = intent_id(op, kernel)
     rec = {"schema": SCHEMA, "id": iid, "op": op, "kernel": kernel, "started": now(), "pid": os.getpid(),
-           "phase": phase}
+           "start_time": _start_time(os.getpid()), "phase": phase}
     rec.update({k: v for k, v in details.items() if v is not None})
     atomic_write(host.path(f"{INTENTS}/{iid}.json"), json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
