@@ -34,15 +34,15 @@ import stat
 import time
 
 from spark_memsaver.errors import MemsaverError
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, paths
 
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_DIR = "/etc/dkms/framework.conf.d"
 DROPIN_NAME = "spark-memsaver.conf"
 DROPIN = f"{FRAMEWORK_DIR}/{DROPIN_NAME}"
-STATE_DIR = "/var/lib/spark-memsaver"
-RECORD = f"{STATE_DIR}/signing.json"
-SIGNED_LOG = f"{STATE_DIR}/signed.json"
+STATE_DIR = paths.STATE_DIR
+RECORD = paths.SIGNING_RECORD
+SIGNED_LOG = paths.SIGNED_LOG
 UBUNTU_KEY, UBUNTU_CERT = "/var/lib/shim-signed/mok/MOK.priv", "/var/lib/shim-signed/mok/MOK.der"
 DKMS_KEY, DKMS_CERT = "/var/lib/dkms/mok.key", "/var/lib/dkms/mok.pub"
 MODULE_SIGNING_EKU = "1.3.6.1.4.1.2312.16.1.2"

@@ -8,7 +8,6 @@ States: not-needed, no-key, not-enrolled, pending-enroll, enrolled, pending-dele
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from spark_memsaver.errors import EXIT_PROBLEM, EXIT_USAGE, MemsaverError, SecureBootUnknown
@@ -22,12 +21,6 @@ PASSWORD_MIN, PASSWORD_MAX = 1, 256          # mokutil's limits for an import pa
 EFI_DIR = "/sys/firmware/efi"
 EFIVARS_DIR = "/sys/firmware/efi/efivars"
 MOKVAR_DIR = "/sys/firmware/efi/mok-variables"
-UBUNTU_DEFAULT_CERT = "/var/lib/shim-signed/mok/MOK.der"
-DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.pub"
-FRAMEWORK_CONF = "/etc/dkms/framework.conf"
-FRAMEWORK_CONF_D = "/etc/dkms/framework.conf.d"
-REQUEST_RECORD = "/var/lib/spark-memsaver/mok-request.json"   # what we asked mokutil for, and in which boot
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # Variables we read: name -> GUID. MokListRT continuations (MokListRT1, ...) are found by listing.
 SCALARS = {"SecureBoot": ev.EFI_GLOBAL_VARIABLE, "SetupMode": ev.EFI_GLOBAL_VARIABLE,
@@ -37,7 +30,6 @@ LISTS = {"MokListRT": ev.SHIM_LOCK_GUID, "MokListXRT": ev.SHIM_LOCK_GUID, "MokNe
 PRESENCE = {"MokAuth": ev.SHIM_LOCK_GUID, "MokDelAuth": ev.SHIM_LOCK_GUID, "MokListTrustedRT": ev.SHIM_LOCK_GUID,
             "MokTimeout": ev.SHIM_LOCK_GUID}
 MOKVAR_NAMES = ("MokListRT", "MokListXRT")    # shim's config table, preferred by mokutil when present
-_CONT_RE = re.compile(r"^MokListRT([1-9][0-9]{0,3})-" + re.escape(ev.SHIM_LOCK_GUID) + "$")
 
 # --- named errors ------------------------------------------------------------------------------------
 

@@ -19,13 +19,14 @@ import stat
 from spark_memsaver.decide.mok import (EFI_DIR, EFIVARS_DIR, LISTS, LOADABLE, MOKVAR_DIR, MOKVAR_NAMES, PRESENCE,
                                        SCALARS, CertInfo, MokError, ParsedEfi, RawEfi, decide, parse_efi)
 from spark_memsaver.errors import MemsaverError
+from spark_memsaver.host import paths
 from spark_memsaver.observe import efivars as ev
 
 UBUNTU_DEFAULT_CERT = "/var/lib/shim-signed/mok/MOK.der"
 DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.pub"
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_CONF_D = "/etc/dkms/framework.conf.d"
-REQUEST_RECORD = "/var/lib/spark-memsaver/mok-request.json"   # what we asked mokutil for, and in which boot
+REQUEST_RECORD = paths.MOK_REQUEST   # what we asked mokutil for, and in which boot
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _CONT_RE = re.compile(r"^MokListRT([1-9][0-9]{0,3})-" + re.escape(ev.SHIM_LOCK_GUID) + "$")
 # --- raw reading (I/O) -----------------------------------------------------------------------------------

@@ -230,41 +230,28 @@ def observe_dkms(host: Host) -> dict:
     return {"available": host.exists("/usr/sbin/dkms") or host.exists("/usr/bin/dkms"), "registrations": regs}
 
 
-# --- Secure Boot (first reading; mok.py deepens it) ----------------------------------------------
+# --- Secure Boot (observe/mok.py reads it) -----------------------------------------------------
 
 def observe_secure_boot(host: Host, config=None) -> dict:
-    """config: the one the caller runs with (its signing_cert names the certificate); None reads the host's."""
-    try:
-        from spark_memsaver.observe import mok  # the full reading (observe/mok.py), when present
-        return mok.observe(host, config=config)
-    except ImportError:
-        pass
-    efi = host.exists("/sys/firmware/efi")
-    raw = host.read_bytes(f"/sys/firmware/efi/efivars/SecureBoot-{EFI_GLOBAL_GUID}")
-    if not efi:
-        return {"efi": False, "secure_boot": False, "state": "not-needed", "reason": "no EFI firmware"}
-    if raw is None or len(raw) != 5:
-        return {"efi": True, "secure_boot": None, "state": "unknown",
-                "reason": "SecureBoot variable unreadable or malformed"}
-    on = raw[4] == 1
-    return {"efi": True, "secure_boot": on, "state": "unknown" if on else "not-needed",
-            "reason": "enrollment state not read" if on else "Secure Boot is off"}
+    """config: the caller's (its signing_cert names our certificate); None: the host's config file."""
+    from spark_memsaver.observe import mok
+
+    return mok.observe(host, config=config)
 
 
 # --- memory ------------------------------------------------------------------------------------
 
 def observe_memory(host: Host, uvm: dict) -> dict:
-    import psutil
-
-    old = psutil.PROCFS_PATH
+    """MemTotal and MemAvailable from the root's /proc/meminfo (what psutil.virtual_memory reports on Linux,
+    read directly: the idle daemon samples this and keeps psutil out of its memory)."""
+    total = available = None
     try:
-        psutil.PROCFS_PATH = str(host.path("/proc"))
-        vm = psutil.virtual_memory()
-        total, available = int(vm.total), int(vm.available)
-    except Exception:  # a fixture root without meminfo
+        with open(host.path("/proc/meminfo"), encoding="ascii", errors="replace") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        total = int(fields["MemTotal"].split()[0]) * 1024
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):  # a fixture root without meminfo
         total = available = None
-    finally:
-        psutil.PROCFS_PATH = old
     packing = uvm.get("packing") or {}
     ok = "error" not in packing and bool(packing)
     return {
@@ -367,8 +354,7 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
 # --- the snapshot ------------------------------------------------------------------------------
 
 def snapshot(host: Host, config=None) -> dict:
-    """Everything observed. config: the configuration the caller runs with (--config, the daemon's); it is
-    only used to know which certificate is ours, never reloaded here when given."""
+    """Everything observed. config: the caller's (--config, the daemon's); never reloaded here when given."""
     t0 = time.monotonic()
     h = observe_host(host)
     unknown = []
