@@ -233,9 +233,23 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) ->
 
 
 def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
-    """Do ``op`` (see the module docstring) and return what was done. Named errors on refusal/failure."""
+    """Do ``op`` (see the module docstring) and return what was done. Named errors on refusal/failure.
+    Every finished operation but a dry run or a no-op becomes one event (host/events.py)."""
     if op not in OPS:
         raise UsageError(f"unknown operation {op!r} (one of: {', '.join(OPS)})")
+    from spark_memsaver.host import events
+    try:
+        doc = _perform(op, host, config, progress=progress, lock_wait=lock_wait, **args)
+    except Exception as e:
+        events.record(host, op, args, error=e)
+        raise
+    if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or op not in ("reconcile",
+                                                                                              "apt-pre-install")):
+        events.record(host, op, args, result=doc)
+    return doc
+
+
+def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
     from spark_memsaver.act import activate as act_activate, rollback as act_rollback
     problems: list = []
     if op == "reconcile":

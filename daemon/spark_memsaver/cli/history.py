@@ -1,29 +1,100 @@
-"""CLI: history (click commands only; the work is done in spark_memsaver.cli.client)."""
+"""CLI: history and events (click commands only; the files are read by service/history.py and host/events.py)."""
 
 from __future__ import annotations
 
+import calendar
 import json
-from spark_memsaver.cli.client import (get_history)
+import re
+import time
+
+from spark_memsaver.errors import UsageError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """'90m', '2h', '7d', '1h30m' (ago), or a UTC time '2026-12-01T10:00:00Z' / '2026-12-01 10:00' /
+    '2026-12-01' -> epoch seconds."""
+    now = time.time() if now is None else now
+    t = text.strip()
+    if re.fullmatch(r"(\d+[smhdw])+", t):
+        return now - sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhdw])", t))
+    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M",
+                "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
+        try:
+            return float(calendar.timegm(time.strptime(t, fmt)))
+        except ValueError:
+            pass
+    raise UsageError(f"--since {text!r} is neither a duration nor a time",
+                     remedy="Give a duration such as 90m, 2h, 7d or 1h30m, or a UTC time such as "
+                            "2026-12-01T10:00:00Z or '2026-12-01 10:00'.")
+
+
+def _gib(v) -> str:
+    return f"{v / 1073741824:.2f}" if isinstance(v, (int, float)) else "n/a"
 
 
 def register(cli) -> None:
     import click
 
     @cli.command()
-    @click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON.")
-    def history(as_json: bool):
-        """Show the daemon's monitoring samples (memory and page-table backing over time)."""
-        samples = get_history()
+    @click.option("--since", "since", metavar="DURATION|TIME", default=None,
+                  help="Only samples newer than this: a duration ago (90m, 2h, 7d) or a UTC time.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON (bytes).")
+    @click.pass_obj
+    def history(obj, since, as_json: bool):
+        """Show the monitoring samples (memory and page-table backing over time).
+
+        Read from /var/lib/spark-memsaver/history/ (kept 7 days at the sampling interval); spark-memsaverd
+        is asked only when that directory is absent.
+        """
+        from spark_memsaver.service import history as hist
+
+        t0 = parse_since(since) if since else None
+        if hist.exists(obj.host):
+            samples = hist.read(obj.host, since=t0)
+        elif obj.root == "/":
+            from spark_memsaver.cli.client import get_history
+            samples = [s for s in get_history() if t0 is None or (s.get("time") or 0) >= t0]
+        else:
+            samples = []
         if as_json:
             click.echo(json.dumps(samples, indent=2))
             return 0
-        import time as _t
-
-        def mib(v):
-            return f"{v / 1048576:10.1f}" if isinstance(v, (int, float)) else f"{'n/a':>10}"
-        click.echo(f"{'time':<20} {'available MiB':>13} {'backing MiB':>11} {'saved MiB':>10}  reason")
+        if not samples:
+            click.echo("no samples" + (f" since {since}" if since else "") + ".")
+            return 0
+        click.echo(f"{'TIME (UTC)':<20} {'AVAILABLE GiB':>13} {'BACKING GiB':>11} {'SAVED GiB':>9}  REASON")
         for s in samples:
-            t = _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(s.get("time", 0)))
-            click.echo(f"{t:<20} {mib(s.get('mem_available')):>13} {mib(s.get('backing_bytes')):>11} "
-                       f"{mib(s.get('saved_bytes')):>10}  {s.get('reason', '')}")
+            t = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.get("time", 0)))
+            click.echo(f"{t:<20} {_gib(s.get('mem_available')):>13} {_gib(s.get('backing_bytes')):>11} "
+                       f"{_gib(s.get('saved_bytes')):>9}  {s.get('reason', '')}")
+        return 0
+
+    @cli.command()
+    @click.option("--since", "since", metavar="DURATION|TIME", default=None,
+                  help="Only events newer than this: a duration ago (90m, 2h, 7d) or a UTC time.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
+    @click.pass_obj
+    def events(obj, since, as_json: bool):
+        """Show lifecycle events: builds, installs, removals, rollbacks, enrollments, reconciles.
+
+        Read from /var/lib/spark-memsaver/events.jsonl (append-only, bounded); no daemon needed.
+        """
+        from spark_memsaver.host import events as ev
+
+        t0 = parse_since(since) if since else None
+        rows = ev.read(obj.host, since=t0)
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return 0
+        if not rows:
+            click.echo("no events" + (f" since {since}" if since else "") + ".")
+            return 0
+        click.echo(f"{'TIME (UTC)':<20}  {'OPERATION':<15} {'RESULT':<7} {'KERNEL':<28} DETAIL")
+        for e in rows:
+            detail = (e.get("error") or {}).get("message") or ", ".join(
+                f"{s.get('action')}" + (f" {s['kernel']}" if s.get("kernel") else "") for s in e.get("steps") or [])
+            click.echo(f"{e.get('time', '?').replace('T', ' ').rstrip('Z'):<20}  {e.get('op', '?'):<15} "
+                       f"{'ok' if e.get('ok') else 'failed':<7} {e.get('kernel') or '-':<28} {detail}".rstrip())
         return 0

@@ -101,6 +101,8 @@ class Monitor:
         self.host = host
         self.config = config
         self.history: collections.deque = collections.deque(maxlen=config.history_size)
+        from spark_memsaver.service.history import History
+        self.persisted = History(host, config.interval)   # STATE_DIR/history/: `spark-memsaver history` reads it
         self._on_sample = on_sample
         self._on_module_event = on_module_event
         self._on_paths_changed = on_paths_changed
@@ -137,6 +139,7 @@ class Monitor:
     def reconfigure(self, config) -> None:
         old = self.config
         self.config = config
+        self.persisted.interval = config.interval
         if config.history_size != old.history_size:
             self.history = collections.deque(self.history, maxlen=config.history_size)
         if config.interval != old.interval:
@@ -163,6 +166,7 @@ class Monitor:
             s = {"time": round(time.time(), 3), "reason": reason, "error": f"{type(e).__name__}: {e}"}
         uvm = s.pop("_uvm", None)
         self.history.append(pack(s))
+        self.persisted.append(s)
         if self.textfile_path():
             self._write_prometheus(s)
         self._on_sample(dict(s, _uvm=uvm))
