@@ -191,6 +191,19 @@ def test_exit_code_table_names_every_documented_code():
     assert dkms.DKMS_EXIT_ERRORS[101][0] is dkms.PreInstallRefused
 
 
+@pytest.mark.parametrize("tier, value", [(None, 3), ("leaf", 3), ("4k-all", 1), ("4k", 1), ("256", 2)])
+def test_render_passes_the_policy_tier_value(tmp_path, tier, value):
+    """The configured tier reaches the build as decide/policy.py's module value (the default 'leaf' is 3,
+    not 0.1.0's 1: a build record saying 'leaf' beside a module packing 4k-all was the bug)."""
+    (tmp_path / "usr/src").mkdir(parents=True)
+    cfg = Config() if tier is None else Config(tier=tier)
+    r = dkms.render(Host(tmp_path), cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
+    root = tmp_path / r["path"].lstrip("/")
+    meta = json.loads((root / "spark-memsaver.json").read_text())
+    assert meta["tier_default"] == value
+    assert f'kotool apply "$here/nvsrc" "$here/nv" {value}' in (root / "spark-memsaver-build").read_text()
+
+
 @pytest.mark.parametrize("policy", ["64k-only", "all"])
 def test_render_into_fixture_root(tmp_path, policy):
     """Rendering writes only our files, never links, with the policy's BUILD_EXCLUSIVE lines; bash and

@@ -34,7 +34,6 @@ STATE_DIR = "/var/lib/spark-memsaver/dkms"
 LOG_DIR = "/var/lib/spark-memsaver/logs"
 
 
-TIERS = {"4k": 1, "256": 2}
 
 
 BUILD_TIMEOUT = 3600
@@ -150,15 +149,19 @@ def kernel_config(host: Host, kernel: str) -> dict:
 
 
 def policy_check(host: Host, config, kernel: str) -> None:
-    if config.kernels == "all":
-        return
+    """The ONE kernel policy (decide/policy.py), applied to the kernel's real configuration: the same verdict
+    the planner and the rendered dkms.conf's BUILD_EXCLUSIVE give (a PREEMPT_RT kernel is refused here with
+    the policy's reason instead of being skipped by DKMS)."""
+    from spark_memsaver.decide import policy
+
     cfg = kernel_config(host, kernel)
-    if cfg.get("CONFIG_ARM64") == "y" and cfg.get("CONFIG_ARM64_64K_PAGES") == "y":
-        return
-    what = ("an arm64 kernel without 64 KiB pages" if cfg.get("CONFIG_ARM64") == "y"
-            else "not an arm64 kernel" if cfg else "a kernel whose configuration cannot be read")
-    raise KernelOutsidePolicy(f"kernel {kernel} is {what}; policy 'kernels: 64k-only' builds only for "
-                              "arm64 kernels with CONFIG_ARM64_64K_PAGES", kernel=kernel)
+    if config.kernels == "64k-only" and not cfg:
+        raise KernelOutsidePolicy(f"kernel {kernel} is a kernel whose configuration cannot be read; policy "
+                                  "'kernels: 64k-only' builds only for arm64 kernels with CONFIG_ARM64_64K_PAGES",
+                                  kernel=kernel)
+    ok, why = policy.kernel_in_policy(dict({"release": kernel}, **policy.kernel_facts(cfg)), config)
+    if not ok:
+        raise KernelOutsidePolicy(f"kernel {kernel}: {why}", kernel=kernel)
 
 
 def source_candidates(driver: str) -> list[str]:

@@ -14,7 +14,8 @@ from spark_memsaver import __version__
 from spark_memsaver.act import signing as sig
 from spark_memsaver.host import Host
 from spark_memsaver.observe.dkms import DKMS_TREE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, dkms_version_string, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
-from spark_memsaver.act.dkms_run import PATCH_ID, TIERS, _depmod, _read_json, data_dir, log, sha256, source_candidates
+from spark_memsaver.decide import policy
+from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _read_json, data_dir, log, sha256, source_candidates
 
 
 def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
@@ -33,7 +34,7 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
         "package": PACKAGE, "dkms_version": ver, "driver_version": driver, "our_version": __version__,
         "nvidia_source": nvidia_source, "kernels_policy": config.kernels,
         "source_candidates": source_candidates(driver), "pythonpath": pyroot,
-        "tier_default": TIERS.get(str(config.tier), 1),
+        "tier_default": policy.tier_value(config.tier),
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(d / "templates")), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
@@ -50,7 +51,7 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
     for name in sorted(files):
         content.update(name.encode() + b"\0" + files[name][0] + b"\0")
     meta = {"format": 1, "package": PACKAGE, "dkms_version": ver, "driver_version": driver,
-            "our_version": __version__, "tier": str(config.tier), "tier_default": values["tier_default"],
+            "our_version": __version__, "tier": policy.normalize_tier(config.tier), "tier_default": values["tier_default"],
             "kernels_policy": config.kernels, "nvidia_source": nvidia_source, "patch_id": PATCH_ID,
             "signing_record": sig.RECORD, "content_sha256": content.hexdigest()}
     files["spark-memsaver.json"] = (json.dumps(meta, indent=2).encode() + b"\n", 0o644)

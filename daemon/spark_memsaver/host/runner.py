@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +16,17 @@ log = logging.getLogger("spark_memsaver.run")
 
 # Where system tools live; the daemon's environment under systemd may have a minimal PATH.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _which(name: str, path: str | None) -> str | None:
+    """shutil.which for an executable name (shutil itself pulls bz2/lzma into the idle daemon)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for d in (path if path is not None else os.environ.get("PATH", os.defpath)).split(os.pathsep):
+        cand = os.path.join(d or ".", name)
+        if os.access(cand, os.X_OK) and not os.path.isdir(cand):
+            return cand
+    return None
 
 
 @dataclass
@@ -55,7 +65,7 @@ class Runner:
 
     def which(self, name: str) -> str | None:
         path = os.environ.get("PATH", "") + ":" + SYSTEM_PATH
-        return shutil.which(name, path=path)
+        return _which(name, path)
 
     def run(self, argv: list[str], *, timeout: float = 60.0, input: str | bytes | None = None,
             check: bool = False, env: dict[str, str] | None = None, cwd: str | None = None,
