@@ -42,14 +42,20 @@ def act(obj, op: str, progress, **kw) -> dict:
     from spark_memsaver.act import executor
 
     local_only = kw.pop("_local_only", False)
-    if obj.host.is_live and os.geteuid() != 0 and not local_only:
-        from spark_memsaver.cli import client
-        method = {"build": "Build", "install": "Install", "remove": "Remove", "rollback": "Rollback",
-                  "activate": "Activate", "reconcile": "Reconcile"}[op]
-        doc = client.act_unprivileged(obj.host, method, progress=progress,
-                                      **{k: v for k, v in kw.items() if v not in (None, False)})
-        if doc is not None:
-            return doc
+    if obj.host.is_live and os.geteuid() != 0:
+        if not local_only:
+            from spark_memsaver.cli import client
+            method = {"build": "Build", "install": "Install", "remove": "Remove", "rollback": "Rollback",
+                      "activate": "Activate", "reconcile": "Reconcile"}[op]
+            doc = client.act_unprivileged(obj.host, method, progress=progress,
+                                          **{k: v for k, v in kw.items() if v not in (None, False)})
+            if doc is not None:
+                return doc
+        from spark_memsaver.errors import NotPermitted
+        raise NotPermitted(f"'{op}' changes kernel modules and needs root; spark-memsaverd is not running to "
+                           "ask on your behalf",
+                           remedy="Run it as root (sudo spark-memsaver ...), or start spark-memsaverd.service "
+                                  "and retry as an authorized user.")
     return executor.perform(op, obj.host, obj.config, progress=progress, **kw)
 
 
