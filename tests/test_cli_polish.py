@@ -60,7 +60,8 @@ def test_click_usage_errors_are_json_under_json():
         r = cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         err = json.loads(r.stdout)["error"]
-        assert err["code"] == "usage" and err["message"] and "--help" in err["remedy"], err
+        assert err["code"] == "usage" and err["message"] and err["remedy"], err
+        assert "--since" in args or "--help" in err["remedy"], err   # click's own point at --help
     r = cli("status", "--no-such-option")
     assert r.returncode == 2 and "No such option" in r.stderr and not r.stdout
 

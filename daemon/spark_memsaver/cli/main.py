@@ -182,8 +182,9 @@ def config_show(obj: Context, as_json: bool):
 # Registered statically; heavy imports (jinja2, pydbus, ctypes) happen inside the commands that need them.
 from spark_memsaver.cli import build as _build, history as _history, lifecycle as _lifecycle  # noqa: E402
 from spark_memsaver.cli import metrics as _metrics, mok as _mok, patch as _patch, validate as _validate  # noqa: E402
+from spark_memsaver.cli import events as _events  # noqa: E402
 
-for _m in (_patch, _build, _mok, _lifecycle, _validate, _history, _metrics):
+for _m in (_patch, _build, _mok, _lifecycle, _validate, _history, _events, _metrics):
     _m.register(cli)
 
 

@@ -1,0 +1,39 @@
+"""CLI: events (click command only; the log is read by host/events.py)."""
+
+from __future__ import annotations
+
+import json
+
+from spark_memsaver.cli.history import parse_since
+
+
+def register(cli) -> None:
+    import click
+
+    @cli.command()
+    @click.option("--since", "since", metavar="DURATION|TIME", default=None,
+                  help="Only events newer than this: a duration ago (90m, 2h, 7d) or a UTC time.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
+    @click.pass_obj
+    def events(obj, since, as_json: bool):
+        """Show lifecycle events: builds, installs, removals, rollbacks, enrollments, reconciles.
+
+        Read from /var/lib/spark-memsaver/events.jsonl (append-only, bounded); no daemon needed.
+        """
+        from spark_memsaver.host import events as ev
+
+        t0 = parse_since(since) if since else None
+        rows = ev.read(obj.host, since=t0)
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return 0
+        if not rows:
+            click.echo("no events" + (f" since {since}" if since else "") + ".")
+            return 0
+        click.echo(f"{'TIME (UTC)':<20}  {'OPERATION':<15} {'RESULT':<7} {'KERNEL':<28} DETAIL")
+        for e in rows:
+            detail = (e.get("error") or {}).get("message") or ", ".join(
+                f"{s.get('action')}" + (f" {s['kernel']}" if s.get("kernel") else "") for s in e.get("steps") or [])
+            click.echo(f"{e.get('time', '?').replace('T', ' ').rstrip('Z'):<20}  {e.get('op', '?'):<15} "
+                       f"{'ok' if e.get('ok') else 'failed':<7} {e.get('kernel') or '-':<28} {detail}".rstrip())
+        return 0
