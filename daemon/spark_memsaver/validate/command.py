@@ -1213,8 +1213,14 @@ def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout
                     + "; stop them for a clean baseline)")
             pc = [dict(c, detail=c["detail"] + note) if c["status"] == FAIL else c for c in pc]
         checks.extend(pc)
+    dev_check = None
+    if terminal is None and "done" in by and argv is None and not params.get("no_devalloc"):
+        from spark_memsaver.validate import devalloc  # its own process: a lost context stays there
+        dev_check = devalloc.run_check({"max_bytes": params["max_bytes"], "device": params.get("device", 0)})
     messages = klog.collect()
     events_log = scan_messages(messages)
+    if dev_check is not None:
+        checks.append(devalloc.xid31_check(dev_check, events_log))
     if terminal is None or events_log:
         checks.append(log_check(klog.source, klog.reason, events_log))
     ident["uvm"] = {k: after.get(k) for k in ("loaded", "version", "srcversion", "patched", "parameters")}
