@@ -35,7 +35,7 @@ def _kernel(snap: dict, release: str) -> dict | None:
 
 def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM_DEVICE,
              proc_host: Host | None = None, dry_run: bool = False) -> dict:
-    snap = observe.snapshot(host)
+    snap = observe.snapshot(host, config)
     rel = snap["host"]["kernel"]
     k = _kernel(snap, rel) or {}
     sel = k.get("uvm_selected") or {}

@@ -24,89 +24,54 @@ the CLI decides whether to call this (root, --root) or the daemon (cli/client.py
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
-import time
 
 from spark_memsaver.act import records_io as rio
 from spark_memsaver.act import steps as st
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
-from spark_memsaver.errors import Busy, UsageError
-from spark_memsaver.host import Host, intents
+from spark_memsaver.errors import LockTimeout, UsageError
+from spark_memsaver.host import Host, intents, locks
 from spark_memsaver.observe import snapshot as observe
 
 OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install")
-LOCK = "/run/spark-memsaver/lifecycle.lock"
 LOCK_WAIT = 1800.0      # a build of nvidia-uvm takes minutes on 2 cores: wait for it, but never forever
 
 
-class LockTimeout(Busy):
-    code = "lock-timeout"
-    remedy = ("Another spark-memsaver operation holds the lifecycle lock; wait for it (spark-memsaver status "
-              "shows it) or stop the process named above if it is stuck.")
-
-
-# --- the lock ----------------------------------------------------------------------------------
-
-def _holder(fh) -> str:
-    with contextlib.suppress(OSError, ValueError):
-        fh.seek(0)
-        return fh.read(200).strip()
-    return ""
-
+# --- the lock: host/locks.py's "lifecycle" (RUN_DIR, O_NOFOLLOW, bounded wait, errors.LockTimeout) -------
 
 @contextlib.contextmanager
 def locked(host: Host, wait: float = LOCK_WAIT, progress=None, purpose: str = "spark-memsaver"):
-    """Serialize every module mutation across processes (daemon, hooks, CLI). host/locks.py replaces the
-    file handling when it lands; the name, the bounded wait and the named error stay."""
-    p = host.path(LOCK)
-    os.makedirs(os.path.dirname(p), mode=0o700, exist_ok=True)
-    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    fh = os.fdopen(fd, "r+")
-    deadline = time.monotonic() + wait
-    told = False
-    try:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    who = _holder(fh)
-                    raise LockTimeout("another spark-memsaver operation holds the lifecycle lock"
-                                      + (f" ({who})" if who else "") + f"; waited {wait:.0f} s")
-                if not told:
-                    st.say(progress, "waiting for another spark-memsaver operation to finish")
-                    told = True
-                time.sleep(0.2)
-        with contextlib.suppress(OSError):
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"pid {os.getpid()}: {purpose}\n")
-            fh.flush()
+    """Serialize every module mutation across processes (daemon, hooks, CLI) with the one lifecycle lock."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(locks.hold(host, "lifecycle", timeout=0, purpose=purpose))
+        except LockTimeout:
+            st.say(progress, "waiting for another spark-memsaver operation to finish")
+            stack.enter_context(locks.hold(host, "lifecycle", timeout=wait, purpose=purpose))
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
 
 
 # --- observation for the planner ----------------------------------------------------------------
 
-def alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+def intent_alive(rec: dict) -> bool:
+    """Does the process that wrote this intent still run? It is identified by pid AND start time
+    (/proc/PID/stat), so a recycled pid -- one a local user may occupy on purpose -- never blocks recovery,
+    and EPERM alone proves nothing (defect 12). Our own pid is never "alive": we hold the lifecycle lock, so
+    an intent of ours is left over from an earlier, failed operation of this process.
+    Rule chosen for records without a start time (written by 0.1.0), where we cannot tell by start time:
+    alive only if /proc/PID exists AND is owned by root (or by us: a fixture root's writer) AND its cmdline is
+    readable and names spark-memsaver; anything else -- unreadable (EPERM, hidepid), another user's process
+    (who can name itself anything), another program -- counts as gone, and recovery proceeds."""
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
         return False
+    if rec.get("start_time") is not None:
+        return locks.owner_alive(pid, rec["start_time"])
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
+        if os.stat(f"/proc/{pid}").st_uid not in (0, os.getuid()):
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ")
     except OSError:
@@ -114,11 +79,11 @@ def alive(pid) -> bool:
     return b"spark-memsaver" in cmd or b"spark_memsaver" in cmd
 
 
-def observe_for_plan(host: Host) -> dict:
+def observe_for_plan(host: Host, config: Config | None = None) -> dict:
     """The snapshot plus what the planner needs that the snapshot does not carry yet: each kernel's
     policy facts (decide/policy.py) and the build records (what the installed builds were made with)."""
     from spark_memsaver.decide import policy
-    snap = observe.snapshot(host)
+    snap = observe.snapshot(host, config)
     for k in snap.get("kernels", []):
         if "kconfig" not in k:
             k.update(policy.kernel_facts(observe.kernel_config(host, k["release"])))
@@ -142,8 +107,8 @@ def _versions_in(snap: dict) -> set[str]:
 
 
 def plan_now(host: Host, config: Config, **kw) -> tuple[dict, dict, list]:
-    snap = observe_for_plan(host)
-    live = {r.get("pid") for r in snap["records"].get("intents", []) if alive(r.get("pid"))}
+    snap = observe_for_plan(host, config)
+    live = {r.get("pid") for r in snap["records"].get("intents", []) if intent_alive(r)}
     support = st.support_for(_versions_in(snap))
     return snap, support, rc.plan(snap, config, support, alive_pids=live, **kw)
 
@@ -215,7 +180,7 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) ->
     """APT's DPkg::Pre-Install-Pkgs door: remove our override before dpkg unpacks a different NVIDIA
     driver. The removals go on when no record can be written (defect 4): a failed record must never leave
     the override in place across a driver upgrade."""
-    snap = observe.snapshot(host)
+    snap = observe.snapshot(host, config)
     steps = rc.pre_install_plan(snap, chg)
     results = st.execute(host, config, steps, snap, progress, problems)
     # what the system looked like when we acted: proves the removal came before dpkg unpacked

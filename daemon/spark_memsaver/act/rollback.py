@@ -31,7 +31,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
              kernel: str | None = None, code: str = "requested", remedy: str = "",
              problems: list | None = None) -> dict:
     problems = [] if problems is None else problems
-    snap = observe.snapshot(host)
+    snap = observe.snapshot(host, config)
     if kernel is not None and not any(k["release"] == kernel for k in snap["kernels"]):
         raise unknown_kernel(kernel)
     targets = _targets(snap, kernel)
