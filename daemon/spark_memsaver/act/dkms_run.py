@@ -3,7 +3,6 @@ policy check before a build, the driver source lookup, record I/O (through host/
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -16,7 +15,9 @@ from pathlib import Path
 
 
 from spark_memsaver.errors import NotPermitted
-from spark_memsaver.host import Host, fsutil
+from spark_memsaver.host import Host
+from spark_memsaver.host import fsutil
+from spark_memsaver.host.fsutil import sha256_file
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEPMOD_FILE, DKMS_TREE, FORCE_FILE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, installed_path, installed_version
 from spark_memsaver.act.dkms_errors import DKMS_EXIT_ERRORS, DkmsConfInvalid, DkmsError, DkmsMissing, DriverSourceCorrupt, DriverSourceMissing, HeadersMissing, KernelOutsidePolicy
@@ -70,15 +71,7 @@ def kotool():
     return _KOTOOL
 
 
-def sha256(path: str | Path) -> str | None:
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
+sha256 = sha256_file   # one implementation (host/fsutil.py)
 
 
 def _tail(text: str, n: int = 25, relevant: bool = True) -> list[str]:

@@ -54,3 +54,17 @@ def atomic_write(path, data: bytes | str, mode: int = 0o644, durable: bool = Tru
         raise
     if durable:
         fsync_dir(d)
+
+
+def sha256_file(path) -> str | None:
+    """Hex SHA-256 of a file, read in 1 MiB chunks; None when it cannot be read."""
+    import hashlib
+
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None

@@ -22,11 +22,11 @@ same code the PRE_INSTALL guard runs) and classified by the same :func:`classify
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 
 from spark_memsaver.host import Host
+from spark_memsaver.host.fsutil import sha256_file
 
 PATCH_ID = "uvm-pt-pack/1"
 TAG_FIELD = "spark_memsaver"
@@ -95,17 +95,6 @@ def _unreadable(error: str, path: str | None = None) -> dict:
             "parameters": [], "name": None, "error": error}
 
 
-def _sha256(p) -> str | None:
-    try:
-        h = hashlib.sha256()
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
-
-
 def _unroot(host: Host, p: str) -> str:
     if not host.is_live and p.startswith(str(host.root) + "/"):
         return "/" + os.path.relpath(p, host.root)
@@ -144,7 +133,7 @@ def read_selected(host: Host, kernel: str, name: str = UVM, *, digest: bool = Fa
         return dict(_unreadable(f"modinfo names {path}, which is not a file", path), kernel=kernel,
                     module=name, sha256=None)
     out = dict(_fields(info), path=path, kernel=kernel, module=name)
-    out["sha256"] = _sha256(host.path(path)) if digest else None
+    out["sha256"] = sha256_file(host.path(path)) if digest else None
     return out
 
 
