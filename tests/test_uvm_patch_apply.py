@@ -73,7 +73,7 @@ def test_apply_real_550_tree(tmp_path):
     for f in ("uvm_pt_pack.c", "uvm_pt_pack.h"):
         assert (dest / "nvidia-uvm" / f).read_bytes() == (REPO / "uvm_patch/src" / f).read_bytes()
     mmu = (dest / "nvidia-uvm/uvm_mmu.c").read_text()
-    for hook in ("pt_pack_tree_init(tree);", "uvm_pt_pack_tree_deinit(&tree->pt_pack);",
+    for hook in ("pt_pack_tree_init(tree);", "uvm_pt_pack_tree_deinit(&tree->pt_pack, uvm_global_get_status() == NV_OK);",
                  "status = pt_pack_allocate(tree, depth, phys_alloc_size, &dir->phys_alloc);",
                  "if (uvm_pt_pack_free(&tree->pt_pack,", "uvm_parent_gpu_unmap_cpu_pages(tree->gpu->parent, gpu_addr"):
         assert mmu.count(hook) == 1, hook
