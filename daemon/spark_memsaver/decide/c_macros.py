@@ -1,0 +1,267 @@
+"""A small C preprocessor evaluator: object-like macros under #if/#ifdef/#elif/#else, per arm64 page size.
+
+Pure text parsing, no I/O: callers pass the text (decide/hazards.py, for nv-linux.h of the driver source).
+``macro_value(text, macro, page_size)`` follows the conditional structure for one arm64 configuration
+(``CONFIG_ARM64_<n>K_PAGES``, ``PAGE_SHIFT``) and computes the macro's value; ``CEvalError`` (its str() the
+reason shown to the user) when it cannot be known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from spark_memsaver.decide.c_expr import CEvalError, Expr, Undecidable, tokens
+
+ARM64_PAGE_SIZES = (4096, 16384, 65536)
+
+
+def kib(n: int) -> str:
+    return f"{n // 1024} KiB" if n % (1 << 20) else f"{n >> 20} MiB"
+
+
+_BUILTINS = {
+    "NV_U32_MAX": 0xFFFFFFFF, "NV_U16_MAX": 0xFFFF, "NV_U8_MAX": 0xFF, "NV_U64_MAX": (1 << 64) - 1,
+    "U32_MAX": 0xFFFFFFFF, "UINT_MAX": 0xFFFFFFFF,
+    **{f"SZ_{n}K": n << 10 for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)},
+    **{f"SZ_{n}M": n << 20 for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)},
+    **{f"SZ_{n}G": n << 30 for n in (1, 2, 4)},
+}
+_MAX_NESTING = 64
+_MAX_TEXT = 4 << 20
+
+
+def _config(page_size: int) -> dict:
+    """Symbols an arm64 kernel build defines (True), or certainly does not (False), at this page size."""
+    shift = page_size.bit_length() - 1
+    cfg = {f"CONFIG_ARM64_{n}K_PAGES": (n << 10) == page_size for n in (4, 16, 64)}
+    cfg.update({"CONFIG_ARM64": True, "NVCPU_AARCH64": True, "NVCPU_ARM": False, "NVCPU_X86_64": False,
+                "NVCPU_X86": False, "NVCPU_PPC64LE": False, "NVCPU_RISCV64": False, "CONFIG_X86": False,
+                "CONFIG_X86_64": False, "CONFIG_PPC64": False, "CONFIG_RISCV": False})
+    cfg["PAGE_SHIFT"] = shift
+    cfg["PAGE_SIZE"] = page_size
+    return cfg
+
+
+def _strip_comments(text: str) -> str:
+    """Remove /* */ and // comments (keeping newlines), aware of string and char literals."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "/" and i + 1 < n and text[i + 1] == "*":
+            j = text.find("*/", i + 2)
+            if j < 0:
+                raise CEvalError(f"unterminated /* comment at line {text.count(chr(10), 0, i) + 1}")
+            out.append(" " + "\n" * text.count("\n", i, j))
+            i = j + 2
+        elif c == "/" and i + 1 < n and text[i + 1] == "/":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        else:
+            j = i
+            while j < n and text[j] not in "/\"'":
+                j += 1
+            if j == i:
+                out.append(c)
+                j += 1
+            else:
+                out.append(text[i:j])
+            i = j
+    return "".join(out)
+
+
+def _logical_lines(text: str):
+    """(first line number, text) of each logical line: comments removed, continuations joined."""
+    lines = _strip_comments(text).split("\n")
+    i = 0
+    while i < len(lines):
+        start, buf = i + 1, lines[i]
+        while buf.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            buf = buf[:-1] + " " + lines[i]
+        yield start, buf
+        i += 1
+
+
+@dataclasses.dataclass
+class _Def:
+    state: bool | None          # True: certainly in effect, None: under an undecidable condition
+    body: str | None            # None: #undef
+    function_like: bool
+    line: int
+    why: str                    # the undecidable condition, when state is None
+
+
+def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
+    """Run the conditional structure for one configuration; return each macro's definitions in order."""
+    if len(text) > _MAX_TEXT:
+        raise CEvalError(f"the file is larger than {_MAX_TEXT >> 20} MiB")
+    defs: dict[str, list[_Def]] = {}
+    # frame: [state of this group (True/False/None), any earlier group taken (True/False/None),
+    #         line, directive text, saw #else]
+    stack: list[list] = []
+    first_directive = True
+    guard = None
+
+    def known(name):
+        """Definedness of a name at this point: True/False, or None (undecidable)."""
+        if name in cfg:
+            v = cfg[name]
+            return None if v is None else (v is not False)
+        for d in reversed(defs.get(name, [])):
+            if d.state is True:
+                return d.body is not None
+            return None
+        if name == guard:
+            return False
+        return None
+
+    def ident(name, defined, depth=0):
+        if defined:
+            k = known(name)
+            return None if k is None else int(k)
+        if name in cfg and not isinstance(cfg[name], bool):
+            return cfg[name]
+        if name in cfg:
+            return int(bool(cfg[name]))
+        try:
+            return _resolve(name, defs, cfg, set())
+        except (Undecidable, CEvalError):
+            return None
+
+    def evaluate(expr, line):
+        if not expr.strip():
+            raise CEvalError(f"line {line}: a conditional without an expression")
+        try:
+            return Expr(tokens(expr), ident, True).parse()
+        except CEvalError:
+            return None                     # undecidable here; matters only if the macro sits under it
+
+    def current():
+        s = True
+        why = ""
+        for fr in stack:
+            if fr[0] is False:
+                return False, ""
+            if fr[0] is None and s is True:
+                s, why = None, f"line {fr[2]}: {fr[3]}"
+        return s, why
+
+    for line, raw in _logical_lines(text):
+        m = re.match(r"\s*#\s*(\w+)\s*(.*)$", raw)
+        if not m:
+            continue
+        d, rest = m.group(1), m.group(2).strip()
+        shown = f"#{d} {rest}".strip()
+        if d in ("if", "ifdef", "ifndef"):
+            if len(stack) >= _MAX_NESTING:
+                raise CEvalError(f"line {line}: conditionals nested deeper than {_MAX_NESTING}")
+            if d == "if":
+                v = evaluate(rest, line)
+            else:
+                name = rest.split()[0] if rest.split() else ""
+                if not re.fullmatch(r"[A-Za-z_]\w*", name):
+                    raise CEvalError(f"line {line}: #{d} without a macro name")
+                if d == "ifndef" and first_directive:
+                    guard = name          # include guard: not defined before the first #define of it
+                k = known(name)
+                v = None if k is None else int(k if d == "ifdef" else not k)
+            st = None if v is None else bool(v)
+            stack.append([st, st, line, shown, False])
+        elif d in ("elif", "else"):
+            if not stack:
+                raise CEvalError(f"line {line}: #{d} without #if")
+            fr = stack[-1]
+            if fr[4]:
+                raise CEvalError(f"line {line}: #{d} after #else")
+            prior = fr[1]
+            if d == "else":
+                fr[4] = True
+                st = None if prior is None else (not prior)
+            else:
+                v = evaluate(rest, line)
+                c = None if v is None else bool(v)
+                st = False if (prior is True or c is False) else (None if (prior is None or c is None) else True)
+            fr[0], fr[2], fr[3] = st, line, shown
+            fr[1] = True if (prior is True or st is True) else (None if (prior is None or st is None) else False)
+        elif d == "endif":
+            if not stack:
+                raise CEvalError(f"line {line}: #endif without #if")
+            stack.pop()
+        elif d in ("define", "undef"):
+            mm = re.match(r"([A-Za-z_]\w*)(\()?(.*)$", rest)
+            if not mm:
+                raise CEvalError(f"line {line}: #{d} without a macro name")
+            state, why = current()
+            if state is not False:
+                name = mm.group(1)
+                if d == "undef":
+                    defs.setdefault(name, []).append(_Def(state, None, False, line, why))
+                else:
+                    defs.setdefault(name, []).append(
+                        _Def(state, mm.group(3).strip(), mm.group(2) is not None, line, why))
+        first_directive = False
+    if stack:
+        raise CEvalError(f"line {stack[-1][2]}: {stack[-1][3]} is never closed by #endif")
+    return defs
+
+
+def _resolve(name: str, defs: dict, cfg: dict, active: set) -> int:
+    """Value of an object-like macro after the whole file (the last definition in effect)."""
+    if name in active:
+        raise CEvalError(f"{name} refers to itself")
+    ds = defs.get(name)
+    if not ds:
+        if name in cfg and not isinstance(cfg[name], bool):
+            return cfg[name]
+        if name in _BUILTINS:
+            return _BUILTINS[name]
+        raise Undecidable(f"{name} is not defined here and is not a known kernel or NVIDIA constant")
+    last = ds[-1]
+    if last.state is None:
+        raise Undecidable(f"{name} (line {last.line}) is {'undefined' if last.body is None else 'defined'} "
+                       f"under a condition this check cannot decide ({last.why})")
+    if last.body is None:
+        raise Undecidable(f"{name} is #undef'd at line {last.line}")
+    if last.function_like:
+        raise Undecidable(f"{name} (line {last.line}) is a function-like macro")
+    if not last.body:
+        raise CEvalError(f"{name} (line {last.line}) is defined without a value")
+    active = active | {name}
+
+    def ident(n, defined):
+        if n in cfg and not isinstance(cfg[n], bool):
+            return cfg[n]
+        return _resolve(n, defs, cfg, active)
+
+    try:
+        v = Expr(tokens(last.body), ident, False).parse()
+    except Undecidable as e:
+        raise Undecidable(f"{name} (line {last.line}): {e}") from None
+    except CEvalError as e:
+        raise CEvalError(f"{name} (line {last.line}): {e}") from None
+    if v is None:
+        raise Undecidable(f"{name} (line {last.line}) depends on a value this check cannot decide")
+    return v
+
+
+def macro_value(text: str, macro: str, page_size: int) -> int:
+    """The integer value of `macro` in `text` on an arm64 kernel with this page size (CEvalError if not known)."""
+    if page_size not in ARM64_PAGE_SIZES:
+        raise CEvalError(f"page size {page_size} is not an arm64 page size")
+    cfg = _config(page_size)
+    defs = _scan(text, cfg)
+    if not defs.get(macro):
+        raise CEvalError(f"{macro} is not defined in this file")
+    try:
+        return _resolve(macro, defs, cfg, set())
+    except Undecidable as e:
+        raise CEvalError(f"at {kib(page_size)} pages: {e}") from None
+    except RecursionError:
+        raise CEvalError(f"{macro}: macros nested too deeply") from None
