@@ -135,6 +135,13 @@ def evaluate(snap: dict, config: Config) -> Verdict:
     for path in records.get("unreadable", []):
         f.append(Finding("state-record-unreadable", "warning", f"State record {path} is not valid JSON.",
                          "Run 'spark-memsaver reconcile'; it re-derives state from the system and rewrites it."))
+    for q in records.get("quarantined", []):
+        aside = f" and was set aside as {q['moved_to']}" if q.get("moved_to") else ""
+        f.append(Finding("record-quarantined", "warning",
+                         f"State record {q['path']} ({q.get('kind', '?')}) is not trusted: {q.get('reason', '?')}"
+                         f"{aside}.",
+                         "Nothing else is affected: spark-memsaver re-derives the state from the system; look at "
+                         "the file set aside, then delete it."))
 
     # 4. Secure Boot.
     sb_state = sb.get("state", "unknown")

@@ -269,26 +269,14 @@ STATE_DIR = "/var/lib/spark-memsaver"
 
 
 def observe_records(host: Host) -> dict:
-    """Intent and rollback records left by operations (lifecycle); parsed leniently here."""
-    import json
+    """Records left by operations, read typed through host/records.py: a record of the wrong type or
+    fields (or not JSON) is quarantined -- renamed aside, listed under 'quarantined' -- never trusted."""
+    from spark_memsaver.host import records
 
-    out = {"intents": [], "rollbacks": [], "last_validation": None, "unreadable": []}
-    for sub, key in (("intents", "intents"), ("rollbacks", "rollbacks")):
-        for name in host.listdir(f"{STATE_DIR}/{sub}"):
-            if not name.endswith(".json"):
-                continue
-            text = host.read_text(f"{STATE_DIR}/{sub}/{name}")
-            try:
-                out[key].append(json.loads(text or ""))
-            except ValueError:
-                out["unreadable"].append(f"{STATE_DIR}/{sub}/{name}")
-    text = host.read_text(f"{STATE_DIR}/validate-last.json")
-    if text:
-        try:
-            out["last_validation"] = json.loads(text)
-        except ValueError:
-            out["unreadable"].append(f"{STATE_DIR}/validate-last.json")
-    return out
+    got = records.read_all(host)
+    strip = lambda recs: [{k: v for k, v in r.items() if k != "_path"} for r in recs]  # noqa: E731
+    return {"intents": strip(got["intent"]), "rollbacks": strip(got["rollback"]),
+            "last_validation": got["validate"], "unreadable": [], "quarantined": got["quarantined"]}
 
 
 # --- known driver hazards (decided in decide/hazards.py) ------------------------------------------

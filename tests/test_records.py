@@ -1,0 +1,111 @@
+"""Issue 12 defect 3: a record of the wrong type or fields never crashes a door.
+
+For every record kind the product reads (intents, rollback records, stock records, build records, the
+signing record and signed-module log, the validate report, the MOK request record) and for each bad shape
+(`[]`, `"text"`, `{"kernel": 5}`, bytes that are not JSON): the real CLI's `status --json` on a Spark-shaped
+fixture root exits 0/1 with the finding `record-quarantined` naming the file and the reason, no traceback,
+the file renamed aside (`<name>.bad-<UTC>`, content intact); the reconcile planner on such a root plans.
+0.1.0's code (and this tree before host/records.py) crashed status with an internal error on `[]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.act import executor
+from spark_memsaver.config import Config
+from spark_memsaver.host import Host, records
+from tests.support import sparkroot
+
+REPO = Path(__file__).resolve().parent.parent
+K = sparkroot.SPARK_KERNEL
+S = "var/lib/spark-memsaver"
+WHERE = {"intent": f"{S}/intents/build-{K}.json", "rollback": f"{S}/rollbacks/{K}.json",
+         "stock": f"{S}/dkms/{K}.json", "build": f"{S}/builds/{K}.json", "signing": f"{S}/signing.json",
+         "signed-log": f"{S}/signed.json", "validate": f"{S}/validate-last.json",
+         "mok-request": f"{S}/mok-request.json"}
+BAD = {"array": b"[]", "string": b'"text"', "wrong-field": b'{"kernel": 5}', "garbage": b'{"op": "bu\xff\x00'}
+
+
+def cli(*args):
+    e = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    e.pop("SPARK_MEMSAVER_CONFIG", None)
+    return subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", *args], capture_output=True, text=True,
+                          env=e, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return sparkroot.make_spark_root(tmp_path_factory.mktemp("records") / "root", ours_installed="580.142")
+
+
+def _root(template, tmp_path, kind, payload) -> Path:
+    root = tmp_path / "root"
+    subprocess.run(["cp", "-a", str(template), str(root)], check=True)
+    f = root / WHERE[kind]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(payload)
+    return root
+
+
+def _aside(root, kind):
+    f = root / WHERE[kind]
+    return sorted(f.parent.glob(f.name + ".bad-*"))
+
+
+def test_every_kind_is_covered():
+    assert set(WHERE) == set(records.DIRS) | set(records.FILES)
+
+
+@pytest.mark.parametrize("shape", BAD)
+@pytest.mark.parametrize("kind", WHERE)
+def test_status_quarantines_a_bad_record(template, tmp_path, kind, shape):
+    root = _root(template, tmp_path, kind, BAD[shape])
+    r = cli("--root", str(root), "status", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    doc = json.loads(r.stdout)
+    found = [f for f in doc["findings"] if f["code"] == "record-quarantined"]
+    assert len(found) == 1 and f"/{WHERE[kind]}" in found[0]["message"], doc["findings"]
+    assert not (root / WHERE[kind]).exists()
+    aside = _aside(root, kind)
+    assert len(aside) == 1 and aside[0].read_bytes() == BAD[shape]        # renamed, never deleted
+    q = doc["records"]["quarantined"][0]
+    assert q["path"] == f"/{WHERE[kind]}" and q["kind"] == kind and q["reason"]
+    # the next reading finds nothing bad any more: the rest of the state is untouched
+    again = json.loads(cli("--root", str(root), "status", "--json").stdout)
+    assert not [f for f in again["findings"] if f["code"] == "record-quarantined"]
+    assert [k["release"] for k in again["kernels"]] == [k["release"] for k in doc["kernels"]]
+
+
+@pytest.mark.parametrize("shape", BAD)
+@pytest.mark.parametrize("kind", WHERE)
+def test_reconcile_plans_on_a_root_with_a_bad_record(template, tmp_path, kind, shape):
+    root = _root(template, tmp_path, kind, BAD[shape])
+    snap, _, steps = executor.plan_now(Host(root), Config(), rebuild=False)
+    assert [q["path"] for q in snap["records"]["quarantined"]] == [f"/{WHERE[kind]}"]
+    assert not [s for s in steps if s.action == "blocked"]
+    assert len(_aside(root, kind)) == 1
+
+
+@pytest.mark.parametrize("kind", WHERE)
+def test_reconcile_cli_dry_run_with_a_bad_record(template, tmp_path, kind):
+    root = _root(template, tmp_path, kind, b"[]")
+    r = cli("--root", str(root), "reconcile", "--dry-run", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    json.loads(r.stdout)
+    assert len(_aside(root, kind)) == 1
+
+
+def test_field_checks():
+    assert records.check("intent", {"op": "build", "pid": 7, "kernel": None})
+    for bad in ([], "x", {"kernel": "k"}, {"op": "build", "pid": "7"}, {"op": "build", "pid": True},
+                {"op": 3}):
+        with pytest.raises(records.BadRecord):
+            records.check("intent", bad)
