@@ -66,7 +66,7 @@ def test_atomic_write_never_follows_a_symlink_at_a_temp_name(tmp_path, monkeypat
     victim.write_text("precious\n")
     os.chmod(victim, 0o600)
     names = iter(["aaaa", "bbbb"])
-    monkeypatch.setattr(fsutil.secrets, "token_hex", lambda n: next(names))
+    monkeypatch.setattr(fsutil, "_token", lambda: next(names))
     (tmp_path / ".rec.json.aaaa.tmp").symlink_to(victim)     # planted where the first temp name would be
     fsutil.atomic_write(tmp_path / "rec.json", "{}\n", mode=0o644)
     assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600

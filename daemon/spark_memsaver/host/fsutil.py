@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 
 
 def fsync_dir(d: str) -> None:
@@ -21,6 +20,11 @@ def fsync_dir(d: str) -> None:
         os.close(fd)
 
 
+def _token() -> str:
+    """A random temp-name part (os.urandom: the secrets module would pull hashlib/OpenSSL into the daemon)."""
+    return os.urandom(6).hex()
+
+
 def atomic_write(path, data: bytes | str, mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` atomically: a new unique temp file beside it (O_CREAT|O_EXCL|O_NOFOLLOW), fchmod on
     the open fd (never a path), fsync, rename over the target, fsync of the directory. A reader sees the old
@@ -32,7 +36,7 @@ def atomic_write(path, data: bytes | str, mode: int = 0o644, durable: bool = Tru
         data = data.encode()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
-        tmp = os.path.join(d, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+        tmp = os.path.join(d, f".{os.path.basename(path)}.{_token()}.tmp")
         try:
             fd = os.open(tmp, flags, 0o600)
             break
