@@ -30,7 +30,16 @@ from spark_memsaver.observe.snapshot import observe_records, observe_uvm
 pytestmark = pytest.mark.validate
 
 REPO = Path(__file__).resolve().parent.parent
-PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+def _python_with_click() -> str:
+    """/usr/bin/python3 (the package's interpreter) when it has click, else this interpreter (a venv on GPU hosts)."""
+    import subprocess as _sp
+    if os.path.exists("/usr/bin/python3") and _sp.run(["/usr/bin/python3", "-c", "import click"],
+                                                       capture_output=True).returncode == 0:
+        return "/usr/bin/python3"
+    return sys.executable
+
+
+PY = _python_with_click()
 GIB, MIB = V.GIB, V.MIB
 
 
