@@ -90,6 +90,7 @@ def test_deb_fields_and_contents(deb):
                  "/etc/spark-memsaver/config.yaml",
                  f"/usr/share/dbus-1/system.d/{BUS_NAME}.conf",
                  "/usr/share/spark-memsaver/uvm_patch/manifest.yaml",
+                 "/usr/share/spark-memsaver/uvm_patch/hazards.yaml",
                  "/usr/share/spark-memsaver/dkms/templates/dkms.conf.j2",
                  "/usr/share/man/man8/spark-memsaver.8.gz",
                  "/usr/share/bash-completion/completions/spark-memsaver"):
