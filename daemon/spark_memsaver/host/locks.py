@@ -39,8 +39,10 @@ def _open(host, path: str) -> int:
 
 
 @contextlib.contextmanager
-def hold(host, name: str, *, timeout: float = 300.0, purpose: str = ""):
-    path = paths.lock(name)
+def hold(host, name: str, *, timeout: float = 300.0, purpose: str = "", path: str | None = None):
+    """Hold lock ``name`` (paths.lock(name), in RUN_DIR). ``path``: another location, for tests of a door that
+    cannot run under a root prefix (validate); opened the same way (O_NOFOLLOW, 0600)."""
+    path = path or paths.lock(name)
     fd = _open(host, path)
     try:
         deadline = time.monotonic() + timeout

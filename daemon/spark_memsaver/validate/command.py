@@ -1244,28 +1244,26 @@ class ValidateBusy(MemsaverError):
 
 
 class _single_run:
-    """An exclusive flock on /run/lock/spark-memsaver-validate.lock (where it can be created)."""
+    """host/locks.hold(host, "validate"): RUN_DIR/validate.lock (root-only, O_NOFOLLOW, 0600), no wait."""
 
-    PATH = "/run/lock/spark-memsaver-validate.lock"
+    PATH = None      # None: paths.lock("validate"); tests point it elsewhere (validate cannot use --root)
 
     def __enter__(self):
-        import fcntl
-        self.fd = None
+        from spark_memsaver.errors import LockTimeout
+        from spark_memsaver.host import Host, locks
+        self.cm = locks.hold(Host("/"), "validate", timeout=0, purpose="spark-memsaver validate", path=self.PATH)
         try:
-            self.fd = os.open(self.PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.cm.__enter__()
+        except LockTimeout as e:
+            self.cm = None
+            raise ValidateBusy(f"another 'spark-memsaver validate' is running on this node ({e})") from None
         except OSError:
-            return self  # not root, or no /run/lock: nothing to share it with that could use it either
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self.fd)
-            self.fd = None
-            raise ValidateBusy("another 'spark-memsaver validate' is running on this node") from None
+            self.cm = None   # not root: RUN_DIR is root-only, and nothing that shares this lock runs as us
         return self
 
     def __exit__(self, *exc):
-        if self.fd is not None:
-            os.close(self.fd)
+        if self.cm is not None:
+            self.cm.__exit__(*exc)
         return False
 
 
