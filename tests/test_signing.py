@@ -187,3 +187,36 @@ def test_kernel_signs_is_never_a_guess(tmp_path, config_text, expect):
 
 def test_bash_is_real():
     assert shutil.which("bash")
+
+
+@pytest.mark.parametrize("live", [False, True])
+@pytest.mark.parametrize("config", ["missing", "neither", "unreadable"])
+def test_build_signing_question_is_named_never_unsigned(tmp_path, monkeypatch, config, live):
+    """act/build.py's _signing_for asks act/signing.kernel_signs for a --root host AND the live one: a kernel
+    config that cannot be read (absent, saying neither, a .config that is a directory) is KernelSigningUnknown
+    with a remedy naming the headers. Before: --root built UNSIGNED on a guess (CONFIG_MODULE_SIG != "y"), the
+    live host let the kotool's KernelConfigUnreadable escape as an internal error."""
+    from spark_memsaver.act import build
+    kernel = "6.17.0-1014-nvidia-64k"
+    root = tmp_path / "root"
+    (root / "boot").mkdir(parents=True)
+    (root / f"lib/modules/{kernel}/build").mkdir(parents=True)
+    if config == "neither":
+        (root / f"boot/config-{kernel}").write_text("CONFIG_LOCALVERSION=\"\"\n")
+    elif config == "unreadable":
+        (root / f"lib/modules/{kernel}/build/.config").mkdir()
+    if live:                       # the live host's kotool reads under $SPARK_MEMSAVER_KOTOOL_ROOT
+        monkeypatch.setenv("SPARK_MEMSAVER_KOTOOL_ROOT", str(root))
+        host = Host("/")
+        assert host.is_live
+    else:
+        host = Host(str(root))
+    with pytest.raises(signing.KernelSigningUnknown) as e:
+        build._signing_for(host, None, kernel)
+    assert e.value.code == "kernel-signing-unknown"
+    assert f"linux-headers-{kernel}" in e.value.remedy
+    # and a config that says "not set" is the one way to "does not sign"
+    (root / f"boot/config-{kernel}").write_text("# CONFIG_MODULE_SIG is not set\n")
+    if config == "unreadable":
+        (root / f"lib/modules/{kernel}/build/.config").rmdir()
+    assert build._signing_for(host, None, kernel)["applies"] is False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from spark_memsaver.act import signing as sig
 from spark_memsaver.host import Host
-from spark_memsaver.act.dkms_run import BUILD_TIMEOUT, LOG_DIR, PATCH_ID, _dkms, _modinfo_path, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, dkms_version, find_driver_source, kernel_config, kotool, policy_check, running_kernel, selected
+from spark_memsaver.act.dkms_run import BUILD_TIMEOUT, LOG_DIR, PATCH_ID, _dkms, _modinfo_path, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, dkms_version, find_driver_source, kotool, policy_check, running_kernel, selected
 from spark_memsaver.act.dkms_errors import BuiltModuleMissing, DriverMismatch, DriverSourceCorrupt, HeadersMissing, NoNvidiaDriver, VerificationFailed
 from spark_memsaver.observe.dkms import DKMS_TREE, MODULE, PACKAGE, SRC_ROOT, _arch_dirs, built_module, dkms_version_string, installed_version, kernels_of
 from spark_memsaver.act.render import _forget_registration, recover_broken, render
@@ -42,10 +42,9 @@ def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> d
 
 
 def _signing_for(host: Host, config, kernel: str) -> dict:
-    if host.is_live:
-        signs = kotool().kernel_signs_modules(kernel)
-    else:
-        signs = kernel_config(host, kernel).get("CONFIG_MODULE_SIG") == "y"
+    # Through the kotool the PRE_INSTALL guard runs, for a --root host too (its <root>/lib/modules/K/build/.config
+    # or <root>/boot/config-K); a config that cannot be read is KernelSigningUnknown (named), never "unsigned".
+    signs = sig.kernel_signs(host, kernel)
     if not signs:
         return {"applies": False, "reason": f"kernel {kernel} does not check module signatures (CONFIG_MODULE_SIG unset)"}
     s = sig.ensure(host, config)
@@ -96,8 +95,10 @@ def _verify_built(host: Host, ver: str, kernel: str, driver: str, signing: dict)
         raise BuiltModuleMissing(f"DKMS reports a build for {kernel} but no {MODULE}.ko is in its tree")
     nv = _modinfo_path(host, kernel, "nvidia")
     record = sig.read_record(host) if signing.get("applies") else None
+    # a --root host: whether its kernel signs was read from its config (_signing_for), never the machine's own
+    signs = None if host.is_live else bool(signing.get("applies"))
     res = kotool().verify(str(ko), kernel, driver, nvidia_ko=str(host.path(nv)) if nv else None,
-                          signing=record, tag=PATCH_ID)
+                          signing=record, tag=PATCH_ID, signs=signs)
     if signing.get("applies") and not res["facts"].get("signing_applies") and host.is_live:
         res["problems"].append("the kernel signs modules but the signing check did not run")
         res["ok"] = False

@@ -69,9 +69,16 @@ def verify_installed(host: Host, kernel: str) -> dict:
     parsed = parse_dkms_version(ver) if ver else None
     driver = parsed[0] if parsed else (sel.get("version") or "")
     record = sig.read_record(host)
+    signs = None                    # live: verify reads the kernel's config itself (unreadable -> a problem)
+    if not host.is_live:            # --root: the fixture kernel's config, never the machine's own
+        try:
+            signs = sig.kernel_signs(host, kernel)
+        except sig.KernelSigningUnknown as e:
+            out["problems"].append(e.message)
+            signs = True            # unknown is never "does not sign": the signer is still checked
     v = kotool().verify(str(host.path(sel["path"])), kernel, driver,
                         nvidia_ko=str(host.path(nv["path"])) if nv and nv.get("path") else None,
-                        signing=record, tag=PATCH_ID)
+                        signing=record, tag=PATCH_ID, signs=signs)
     out["facts"] = v["facts"]
     out["problems"] += v["problems"]
     out["ok"] = not out["problems"]
