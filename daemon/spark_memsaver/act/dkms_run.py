@@ -21,6 +21,7 @@ from spark_memsaver.host.fsutil import sha256_file
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEPMOD_FILE, DKMS_TREE, FORCE_FILE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, installed_path, installed_version
 from spark_memsaver.act.dkms_errors import DKMS_EXIT_ERRORS, DkmsConfInvalid, DkmsError, DkmsMissing, DriverSourceCorrupt, DriverSourceMissing, HeadersMissing, KernelOutsidePolicy
+from spark_memsaver.host import paths
 
 
 log = logging.getLogger("spark_memsaver.act.dkms")
@@ -29,10 +30,10 @@ log = logging.getLogger("spark_memsaver.act.dkms")
 PATCH_ID = modules.PATCH_ID
 
 
-STATE_DIR = "/var/lib/spark-memsaver/dkms"
+STATE_DIR = paths.DKMS_STATE   # host/paths.py is the one list
 
 
-LOG_DIR = "/var/lib/spark-memsaver/logs"
+LOG_DIR = paths.LOG_DIR   # host/paths.py is the one list
 
 
 

@@ -17,6 +17,7 @@ from spark_memsaver.decide import policy
 from spark_memsaver.errors import EXIT_FAILED, MemsaverError
 from spark_memsaver.host import Host, intents
 from spark_memsaver.observe import snapshot as observe
+from spark_memsaver.host import paths
 
 log = logging.getLogger("spark_memsaver.act.steps")
 
@@ -107,7 +108,7 @@ def support_for(versions) -> dict:
     return out
 
 
-STOCK_DIR = "/var/lib/spark-memsaver/stock"
+STOCK_DIR = paths.STOCK_DIR   # host/paths.py is the one list
 
 
 def record_stock(host: Host, kernel: str) -> str | None:

@@ -27,11 +27,12 @@ import re
 from spark_memsaver.host import Host
 from spark_memsaver.host.locks import start_time as _start_time
 from spark_memsaver.host.fsutil import atomic_write, fsync_dir  # noqa: F401  (atomic_write is used by lifecycle)
+from spark_memsaver.host import paths
 
-STATE_DIR = "/var/lib/spark-memsaver"
-INTENTS = f"{STATE_DIR}/intents"
-ROLLBACKS = f"{STATE_DIR}/rollbacks"
-HISTORY = f"{STATE_DIR}/history.jsonl"
+STATE_DIR = paths.STATE_DIR   # host/paths.py is the one list
+INTENTS = paths.INTENTS   # host/paths.py is the one list
+ROLLBACKS = paths.ROLLBACKS   # host/paths.py is the one list
+HISTORY = paths.HISTORY   # host/paths.py is the one list
 SCHEMA = 1
 OPS = ("register", "build", "install", "remove", "rollback", "activate")
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")

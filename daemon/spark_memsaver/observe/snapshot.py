@@ -13,6 +13,7 @@ import time
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.counters import CountersError, parse_stats
 from spark_memsaver.host import Host
+from spark_memsaver.host import paths
 
 log = logging.getLogger("spark_memsaver.observe.snapshot")
 
@@ -265,7 +266,7 @@ def observe_memory(host: Host, uvm: dict) -> dict:
 
 # --- state records (lifecycle) -------------------------------------------------------------------
 
-STATE_DIR = "/var/lib/spark-memsaver"
+STATE_DIR = paths.STATE_DIR   # host/paths.py is the one list
 
 
 def observe_records(host: Host) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, UsageError
+from spark_memsaver.host import paths
 
 KIB, MIB, GIB = 1024, 1024 ** 2, 1024 ** 3
 
@@ -27,7 +28,7 @@ WORKER_GRACE_S = 240.0              # worker limit beyond --duration (start, poo
 PEAK_WAIT_S = 120.0                 # how long the worker waits at its peak for the parent's reading
 RETURN_WAIT_S = 15.0                # how long the parent waits for counters to return after teardown
 
-STATE_DIR = "/var/lib/spark-memsaver"
+STATE_DIR = paths.STATE_DIR   # host/paths.py is the one list
 REPORT_PATH = f"{STATE_DIR}/validate-last.json"   # observe.observe_records() reads it; status shows it
 REPORT_PATH_ENV = "SPARK_MEMSAVER_VALIDATE_REPORT"  # another path for root's copy (tests, images)
 SCHEMA = 1
