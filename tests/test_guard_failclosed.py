@@ -209,3 +209,45 @@ def test_kernel_release_must_be_a_release_name(tmp_path):
     root = _tree(tmp_path, nv="555.58.02", ours="550.163.01")
     r = run(root, kernel="../../../etc")
     assert r.returncode == 1 and inserted(r) == [] and "is not a kernel release name" in r.stderr
+
+
+# --- a shell whose applets shadow kmod (busybox-static's ash: FEATURE_PREFER_APPLETS) --------------------
+
+def _busybox_static() -> Path:
+    """Debian's real busybox-static, unpacked into the test cache (it conflicts with the busybox package, so it
+    is never installed). Its ash runs its own modinfo/modprobe/insmod applets for bare command names."""
+    from tests.support import cache
+    dest = cache.cache_dir() / "busybox-static"
+    bb = dest / "bin/busybox"
+    with cache.locked("busybox-static"):
+        if not bb.exists():
+            work = dest.with_name("busybox-static.tmp")
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            r = subprocess.run(["apt-get", "download", "busybox-static"], cwd=work, capture_output=True, text=True,
+                               timeout=300)
+            debs = list(work.glob("busybox-static_*.deb"))
+            if r.returncode != 0 or not debs:
+                pytest.skip(f"busybox-static cannot be downloaded here: {r.stderr.strip()[-300:]}")
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(work / "root")], check=True)
+            shutil.rmtree(dest, ignore_errors=True)
+            (work / "root").rename(dest)
+            shutil.rmtree(work, ignore_errors=True)
+    return bb
+
+
+def test_busybox_static_ash_runs_kmods_tools_not_its_applets(tmp_path):
+    bb = _busybox_static()
+    # the precondition: in this shell a bare `modinfo` is the applet, which has no -k
+    t = subprocess.run([str(bb), "sh", "-c", "type modinfo; modinfo -k x nvidia 2>&1; echo rc=$?"],
+                       capture_output=True, text=True)
+    assert "modinfo is modinfo" in t.stdout and "rc=0" not in t.stdout, t.stdout
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm="550.163.01", ours="550.163.01")
+    e = dict(os.environ, SPARK_MEMSAVER_GUARD_KVER=K, SPARK_MEMSAVER_GUARD_MODDIR=str(root),
+             SPARK_MEMSAVER_GUARD_ROOT=str(root), SPARK_MEMSAVER_GUARD_DRYRUN="1",
+             SPARK_MEMSAVER_GUARD_CONFIG=str(root / "etc/modprobe.d"))
+    r = subprocess.run([str(bb), "sh", str(GUARD)], capture_output=True, text=True, env=e, timeout=60, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "REFUSED" not in r.stderr
+    # ours matches the driver: the normal modprobe path, which inserts our file
+    assert p(root, "updates/dkms/nvidia-uvm.ko") in r.stdout, r.stdout
