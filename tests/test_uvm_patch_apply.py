@@ -148,6 +148,14 @@ def _set_version(tree: Path, version: str) -> None:
         p.write_text(p.read_text().replace(old, version))
 
 
+def _drift(tree: Path) -> None:
+    """One byte of uvm_mmu.c's licence header changed: the hooked files no longer match any verified tree
+    (else a relabelled tree inherits compile-verified by content; tests/test_qualification.py), hunks unaffected."""
+    mmu = tree / "nvidia-uvm/uvm_mmu.c"
+    data = mmu.read_bytes()
+    mmu.write_bytes(b"X" + data[1:])
+
+
 def _out(tmp_path: Path) -> Path:
     d = tmp_path / "out"
     d.mkdir()
@@ -222,6 +230,7 @@ def test_destination_exists_is_refused_untouched(synth, tmp_path):
 
 def test_unknown_version_clean_but_untested_is_refused_with_statement(synth, tmp_path):
     _set_version(synth, "551.10.02")
+    _drift(synth)
     out = _out(tmp_path)
     with pytest.raises(up.UnknownDriverVersion) as ei:
         up.apply_patch(synth, out / "p")
@@ -232,6 +241,7 @@ def test_unknown_version_clean_but_untested_is_refused_with_statement(synth, tmp
     assert _leftovers(out) == []
     m = up.apply_patch(synth, out / "p", allow_untested=True)
     assert (m["version"], m["branch"], m["match"], m["qualification"]) == ("551.10.02", "r550", "nearest", "untested")
+    assert (m["drifted"], m["compared_with"]) == (["nvidia-uvm/uvm_mmu.c"], "550.163.01")
 
 
 def test_unknown_version_not_clean_is_refused(synth, tmp_path):
@@ -275,9 +285,10 @@ def test_range_match_is_untested(synth, tmp_path):
     m = _manifest_copy(tmp_path, lambda d: d["drivers"].append(
         {"range": {"min": "550.0", "below": "551.0"}, "branch": "r550", "qualification": "untested"}))
     _set_version(synth, "550.200.1")
+    _drift(synth)
     out = _out(tmp_path)
     r = up.apply_patch(synth, out / "p", manifest=m)
-    assert (r["match"], r["qualification"]) == ("range", "untested")
+    assert (r["match"], r["qualification"], r["drifted"]) == ("range", "untested", ["nvidia-uvm/uvm_mmu.c"])
 
 
 @pytest.mark.parametrize("bad", ["hardware-validated", "verified-without-kernels", "unknown-branch"])

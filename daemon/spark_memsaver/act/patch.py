@@ -42,16 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from spark_memsaver.act.manifest import (QUALIFICATIONS, _VERSION_RE, Entry, Manifest, ManifestInvalid,  # noqa: F401
+                                         _vkey, load_manifest, patch_data_dir)
+from spark_memsaver.decide import qualification as qual
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 from spark_memsaver.host.runner import Runner
 
 MARKER = "spark-memsaver-uvm-patch.json"
 POOL_DEST = "nvidia-uvm"
-QUALIFICATIONS = ("compile-verified", "untested")  # never "hardware-validated": nothing of ours is, yet
 TIERS = {0: "off", 1: "4k-all", 2: "256", 3: "leaf"}   # decide/policy.py MODULE_TIERS
 _REQUIRED = ("Kbuild", "Makefile", "conftest.sh", "common/inc", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
              "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild")
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _PATCH_TIMEOUT = 120.0
 
 
@@ -83,119 +84,10 @@ class PatchDoesNotApply(MemsaverError):
               "source package unmodified; if it is unmodified, this driver needs a new patch release.")
 
 
-class ManifestInvalid(MemsaverError):
-    code = "manifest-invalid"
-    exit_code = EXIT_USAGE
-    remedy = "Reinstall spark-memsaver: its uvm_patch/manifest.yaml or patch files are damaged."
-
-
 class InvalidTier(MemsaverError):
     code = "invalid-tier"
     exit_code = EXIT_USAGE
     remedy = "Use 0 (off), 3 (leaf, the default), 1 (4k-all) or 2 (256; both opt-in, not hardware-validated)."
-
-
-# ----------------------------------------------------------------------------------------------
-# Where the patch data lives
-
-def patch_data_dir() -> Path:
-    """uvm_patch/ with manifest.yaml, patches/ and src/: $SPARK_MEMSAVER_UVM_PATCH_DIR, the checkout, or
-    the installed copy under /usr/share/spark-memsaver/uvm_patch."""
-    env = os.environ.get("SPARK_MEMSAVER_UVM_PATCH_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [Path(__file__).resolve().parents[3] / "uvm_patch", Path("/usr/share/spark-memsaver/uvm_patch")]
-    for c in candidates:
-        if (c / "manifest.yaml").is_file():
-            return c
-    raise ManifestInvalid("uvm_patch/manifest.yaml not found (looked in: "
-                          + ", ".join(str(c) for c in candidates) + ")")
-
-
-# ----------------------------------------------------------------------------------------------
-# Manifest
-
-def _vkey(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
-
-
-@dataclass
-class Entry:
-    branch: str
-    qualification: str
-    versions: list[str] = field(default_factory=list)   # exact versions
-    range_min: str | None = None                         # inclusive
-    range_below: str | None = None                       # exclusive
-    verified_on: list[str] = field(default_factory=list)
-
-    def matches_exact(self, v: str) -> bool:
-        return v in self.versions
-
-    def matches_range(self, v: str) -> bool:
-        if self.range_min is None and self.range_below is None:
-            return False
-        k = _vkey(v)
-        return ((self.range_min is None or k >= _vkey(self.range_min))
-                and (self.range_below is None or k < _vkey(self.range_below)))
-
-
-@dataclass
-class Manifest:
-    root: Path
-    pool_files: list[Path]
-    branches: dict[str, list[Path]]
-    entries: list[Entry]
-
-    def known_versions(self) -> list[tuple[str, Entry]]:
-        return [(v, e) for e in self.entries for v in e.versions]
-
-
-def load_manifest(root: Path | None = None) -> Manifest:
-    import yaml
-
-    root = Path(root) if root else patch_data_dir()
-    path = root / "manifest.yaml"
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ManifestInvalid(f"cannot read {path}: {e}")
-
-    def bad(msg):
-        return ManifestInvalid(f"{path}: {msg}")
-
-    if not isinstance(doc, dict) or doc.get("format") != 1:
-        raise bad("not a format-1 manifest")
-    pool = [root / p for p in (doc.get("pool") or {}).get("files", [])]
-    if not pool or not all(p.is_file() for p in pool):
-        raise bad(f"pool files missing: {[str(p) for p in pool if not p.is_file()] or 'none listed'}")
-    branches: dict[str, list[Path]] = {}
-    for name, b in (doc.get("branches") or {}).items():
-        files = [root / p for p in (b or {}).get("patches", [])]
-        if not files or not all(f.is_file() for f in files):
-            raise bad(f"branch {name}: patch files missing")
-        branches[str(name)] = files
-    entries: list[Entry] = []
-    for i, raw in enumerate(doc.get("drivers") or []):
-        if not isinstance(raw, dict):
-            raise bad(f"drivers[{i}] is not a mapping")
-        q = raw.get("qualification")
-        if q not in QUALIFICATIONS:
-            raise bad(f"drivers[{i}]: qualification {q!r} is not one of {QUALIFICATIONS}")
-        if raw.get("branch") not in branches:
-            raise bad(f"drivers[{i}]: unknown branch {raw.get('branch')!r}")
-        versions = [str(v) for v in raw.get("versions", [])]
-        rng = raw.get("range") or {}
-        for v in versions + [str(x) for x in rng.values()]:
-            if not _VERSION_RE.match(v):
-                raise bad(f"drivers[{i}]: bad version {v!r}")
-        if q == "compile-verified" and (not versions or not raw.get("verified_on")):
-            raise bad(f"drivers[{i}]: compile-verified needs exact versions and verified_on")
-        entries.append(Entry(branch=raw["branch"], qualification=q, versions=versions,
-                             range_min=str(rng["min"]) if "min" in rng else None,
-                             range_below=str(rng["below"]) if "below" in rng else None,
-                             verified_on=[str(x) for x in raw.get("verified_on", [])]))
-    if not entries:
-        raise bad("no drivers listed")
-    return Manifest(root=root, pool_files=pool, branches=branches, entries=entries)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,18 +130,27 @@ class Selection:
     branch: str
     patches: list[Path]
     qualification: str
-    match: str               # "exact" | "range" | "nearest"
+    match: str               # "exact" | "range" | "nearest" | "content" (unlisted, identical hooked files)
     verified_on: list[str]
+    content: dict = field(default_factory=dict)   # qualify()'s by / inherited_from / drifted / compared_with
+
+
+def _entry_for(manifest: Manifest, version: str) -> tuple[Entry | None, str | None]:
+    for kind, test in (("exact", Entry.matches_exact), ("range", Entry.matches_range)):
+        for e in manifest.entries:
+            if test(e, version):
+                return e, kind
+    return None, None
 
 
 def select(manifest: Manifest, version: str) -> Selection | None:
-    for e in manifest.entries:
-        if e.matches_exact(version):
-            return Selection(version, e.branch, manifest.branches[e.branch], e.qualification, "exact", e.verified_on)
-    for e in manifest.entries:
-        if e.matches_range(version):
-            return Selection(version, e.branch, manifest.branches[e.branch], "untested", "range", [])
-    return None
+    """By version only: the exact entry, else a range entry (untested), else None. See qualify() for content."""
+    e, kind = _entry_for(manifest, version)
+    if e is None:
+        return None
+    if kind == "exact":
+        return Selection(version, e.branch, manifest.branches[e.branch], e.qualification, "exact", e.verified_on)
+    return Selection(version, e.branch, manifest.branches[e.branch], "untested", "range", [])
 
 
 def nearest(manifest: Manifest, version: str) -> Selection:
@@ -291,6 +192,24 @@ def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+def tree_hashes(tree: Path, paths) -> dict[str, str | None]:
+    """sha256 of each path under `tree` (None for a missing file)."""
+    return {p: (_sha256(Path(tree) / p) if (Path(tree) / p).is_file() else None) for p in paths}
+
+
+def qualify(tree: Path | None, driver_version: str, manifest: Manifest | None = None) -> dict:
+    """Qualification of the tree `tree` (labelled `driver_version`; None = judge by version only) by the
+    manifest's version entries and the recorded sha256 of the files the hooks touch (decide/qualification.py):
+    ``{"version", "qualification", "by": "version"|"content", "inherited_from", "drifted", "compared_with",
+    "branch", "match", "verified_on", "hashes_recorded"}``."""
+    manifest = manifest or load_manifest()
+    entry, kind = _entry_for(manifest, driver_version)
+    branch = entry.branch if entry is not None else nearest(manifest, driver_version).branch
+    hashes = tree_hashes(tree, manifest.hooked_paths(branch)) if tree is not None else None
+    return {"version": driver_version,
+            **qual.decide(driver_version, entry, kind, hashes, manifest.entries, nearest_branch=branch)}
+
+
 def check_source(source: Path, *, allow_untested: bool = False, manifest: Manifest | None = None,
                  runner: Runner | None = None) -> dict:
     """Steps 1, 3 and 4 (no copy): version, selection and dry run. Returns a JSON-able dict or raises."""
@@ -298,12 +217,16 @@ def check_source(source: Path, *, allow_untested: bool = False, manifest: Manife
     manifest = manifest or load_manifest()
     source = Path(source)
     version = read_tree_version(source)
+    q = qualify(source, version, manifest)
+    content = {k: q[k] for k in ("by", "inherited_from", "drifted", "compared_with")}
     sel = select(manifest, version)
+    if sel is None and q["qualification"] == "compile-verified":   # unlisted, hooked files of a verified tree
+        sel = Selection(version, q["branch"], manifest.branches[q["branch"]], q["qualification"], "content", [])
     if sel is None:
         near = nearest(manifest, version)
         clean, log = _dry_run(runner, source, near)
         details = dict(version=version, nearest_branch=near.branch, nearest_patch_clean=clean,
-                       known=[v for v, _ in manifest.known_versions()])
+                       known=[v for v, _ in manifest.known_versions()], **content)
         if not clean:
             raise UnknownDriverVersion(
                 f"NVIDIA {version} is not in the manifest, and the nearest branch's patch ({near.branch}) "
@@ -321,8 +244,9 @@ def check_source(source: Path, *, allow_untested: bool = False, manifest: Manife
             raise PatchDoesNotApply(
                 f"the {sel.branch} patch for NVIDIA {version} does not apply to {source} with zero fuzz",
                 version=version, branch=sel.branch, dry_run=log[-2000:])
+    sel.qualification, sel.verified_on, sel.content = q["qualification"], q["verified_on"], content
     return {"source": str(source), "version": version, "branch": sel.branch, "match": sel.match,
-            "qualification": sel.qualification, "verified_on": sel.verified_on,
+            "qualification": sel.qualification, **content, "verified_on": sel.verified_on,
             "patches": [str(p.relative_to(manifest.root)) for p in sel.patches], "dry_run": "clean",
             "_selection": sel}
 
@@ -383,6 +307,7 @@ def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested
             "branch": sel.branch,
             "match": sel.match,
             "qualification": sel.qualification,
+            **sel.content,
             "verified_on": sel.verified_on,
             "tier_default": tier_default,
             "slim": slim,

@@ -1,0 +1,140 @@
+"""uvm_patch/manifest.yaml: where the patch data lives and what the manifest says (format 1).
+
+Split out of act/patch.py (which re-exports every name here). Each driver entry: exact ``versions`` or a
+``range``, ``branch``, ``qualification`` (compile-verified needs ``verified_on``), and for compile-verified trees
+``hooked_files: {version: {path: sha256}}`` (every file the branch's hook patch touches; uvm_patch/gen-hashes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spark_memsaver.decide import qualification as qual
+from spark_memsaver.errors import EXIT_USAGE, MemsaverError
+
+QUALIFICATIONS = ("compile-verified", "untested")  # never "hardware-validated": nothing of ours is, yet
+_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+class ManifestInvalid(MemsaverError):
+    code = "manifest-invalid"
+    exit_code = EXIT_USAGE
+    remedy = "Reinstall spark-memsaver: its uvm_patch/manifest.yaml or patch files are damaged."
+
+
+# ----------------------------------------------------------------------------------------------
+# Where the patch data lives
+
+def patch_data_dir() -> Path:
+    """uvm_patch/ with manifest.yaml, patches/ and src/: $SPARK_MEMSAVER_UVM_PATCH_DIR, the checkout, or
+    the installed copy under /usr/share/spark-memsaver/uvm_patch."""
+    env = os.environ.get("SPARK_MEMSAVER_UVM_PATCH_DIR")
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parents[3] / "uvm_patch", Path("/usr/share/spark-memsaver/uvm_patch")]
+    for c in candidates:
+        if (c / "manifest.yaml").is_file():
+            return c
+    raise ManifestInvalid("uvm_patch/manifest.yaml not found (looked in: "
+                          + ", ".join(str(c) for c in candidates) + ")")
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifest
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+@dataclass
+class Entry:
+    branch: str
+    qualification: str
+    versions: list[str] = field(default_factory=list)   # exact versions
+    range_min: str | None = None                         # inclusive
+    range_below: str | None = None                       # exclusive
+    verified_on: list[str] = field(default_factory=list)
+    hooked_files: dict[str, dict[str, str]] = field(default_factory=dict)   # version -> {path: sha256}
+
+    def matches_exact(self, v: str) -> bool:
+        return v in self.versions
+
+    def matches_range(self, v: str) -> bool:
+        if self.range_min is None and self.range_below is None:
+            return False
+        k = _vkey(v)
+        return ((self.range_min is None or k >= _vkey(self.range_min))
+                and (self.range_below is None or k < _vkey(self.range_below)))
+
+
+@dataclass
+class Manifest:
+    root: Path
+    pool_files: list[Path]
+    branches: dict[str, list[Path]]
+    entries: list[Entry]
+
+    def known_versions(self) -> list[tuple[str, Entry]]:
+        return [(v, e) for e in self.entries for v in e.versions]
+
+    def hooked_paths(self, branch: str) -> list[str]:
+        """Every file the branch's hook patches touch (their ``+++ b/`` lines; the pool files are not among them)."""
+        return sorted({p for f in self.branches[branch] for p in qual.hooked_paths(f.read_text(errors="replace"))})
+
+
+def load_manifest(root: Path | None = None) -> Manifest:
+    import yaml
+
+    root = Path(root) if root else patch_data_dir()
+    path = root / "manifest.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ManifestInvalid(f"cannot read {path}: {e}")
+
+    def bad(msg):
+        return ManifestInvalid(f"{path}: {msg}")
+
+    if not isinstance(doc, dict) or doc.get("format") != 1:
+        raise bad("not a format-1 manifest")
+    pool = [root / p for p in (doc.get("pool") or {}).get("files", [])]
+    if not pool or not all(p.is_file() for p in pool):
+        raise bad(f"pool files missing: {[str(p) for p in pool if not p.is_file()] or 'none listed'}")
+    branches: dict[str, list[Path]] = {}
+    for name, b in (doc.get("branches") or {}).items():
+        files = [root / p for p in (b or {}).get("patches", [])]
+        if not files or not all(f.is_file() for f in files):
+            raise bad(f"branch {name}: patch files missing")
+        branches[str(name)] = files
+    entries: list[Entry] = []
+    for i, raw in enumerate(doc.get("drivers") or []):
+        if not isinstance(raw, dict):
+            raise bad(f"drivers[{i}] is not a mapping")
+        q = raw.get("qualification")
+        if q not in QUALIFICATIONS:
+            raise bad(f"drivers[{i}]: qualification {q!r} is not one of {QUALIFICATIONS}")
+        if raw.get("branch") not in branches:
+            raise bad(f"drivers[{i}]: unknown branch {raw.get('branch')!r}")
+        versions = [str(v) for v in raw.get("versions", [])]
+        rng = raw.get("range") or {}
+        for v in versions + [str(x) for x in rng.values()]:
+            if not _VERSION_RE.match(v):
+                raise bad(f"drivers[{i}]: bad version {v!r}")
+        if q == "compile-verified" and (not versions or not raw.get("verified_on")):
+            raise bad(f"drivers[{i}]: compile-verified needs exact versions and verified_on")
+        hooked = raw.get("hooked_files")
+        why = qual.check_hooked_files(hooked, versions, sorted(
+            {p for f in branches[raw["branch"]] for p in qual.hooked_paths(f.read_text(errors="replace"))}))
+        if why or (hooked and q != "compile-verified"):
+            raise bad(f"drivers[{i}]: {why or 'hooked_files belong to compile-verified entries only'}")
+        entries.append(Entry(branch=raw["branch"], qualification=q, versions=versions,
+                             range_min=str(rng["min"]) if "min" in rng else None,
+                             range_below=str(rng["below"]) if "below" in rng else None,
+                             verified_on=[str(x) for x in raw.get("verified_on", [])],
+                             hooked_files={str(v): {str(p): str(h) for p, h in f.items()}
+                                           for v, f in (hooked or {}).items()}))
+    if not entries:
+        raise bad("no drivers listed")
+    return Manifest(root=root, pool_files=pool, branches=branches, entries=entries)
