@@ -15,6 +15,7 @@ from .decide import policy
 
 DEFAULT_PATH = "/etc/spark-memsaver/config.yaml"
 ENV_VAR = "SPARK_MEMSAVER_CONFIG"
+SOURCE_FETCH_MODES = ("auto", "never")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class Config:
     auto_build: bool = True
     # Samples kept in the daemon's history ring.
     history_size: int = 1440
+    # Driver source missing: "auto" = fetch that exact version with apt-get download into the cache;
+    # "never" = do not, status names the exact apt-get install command instead.
+    source_fetch: str = "auto"
     # Where this config came from ("defaults" or a path).
     source: str = field(default="defaults", compare=False)
     # Notes about the file that are not errors (an old tier name, ...): shown as info findings.
@@ -56,6 +60,7 @@ _SCHEMA = {
     "signing_cert": ((str, type(None)), lambda v: v is None or v.startswith("/"), "an absolute path or null"),
     "auto_build": (bool, None, "true or false"),
     "history_size": (int, lambda v: 10 <= v <= 100000, "an integer between 10 and 100000"),
+    "source_fetch": (str, lambda v: v in SOURCE_FETCH_MODES, "one of: " + ", ".join(SOURCE_FETCH_MODES)),
 }
 
 

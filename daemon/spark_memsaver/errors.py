@@ -102,3 +102,58 @@ class LockTimeout(Busy):
     code = "lock-timeout"
     remedy = ("Another spark-memsaver operation is running (see the holder named above); wait for it to "
               "finish, or stop it, then retry.")
+
+
+# --- driver source acquisition (act/source_fetch.py) ----------------------------------------------------
+
+class SourceFetchError(MemsaverError):
+    """Getting the NVIDIA driver's open kernel-module source into the cache failed; nothing was kept."""
+
+    code = "source-fetch-failed"
+    exit_code = EXIT_FAILED
+
+
+class SourceNotInLists(SourceFetchError):
+    code = "source-not-in-lists"
+    exit_code = EXIT_PROBLEM
+    remedy = ("Run 'sudo apt-get update'; if APT still does not offer that exact version, enable the repository "
+              "that carries the installed NVIDIA driver, or install a driver whose source APT offers.")
+
+
+class SourceFetchDisabled(SourceFetchError):
+    code = "source-fetch-disabled"
+    exit_code = EXIT_PROBLEM
+
+
+class SourceDownloadFailed(SourceFetchError):
+    code = "source-download-failed"
+
+
+class SourceChecksumMismatch(SourceFetchError):
+    code = "source-checksum-mismatch"
+    remedy = ("The downloaded package does not match the SHA256 in APT's lists (nothing was kept): run "
+              "'sudo apt-get update' and retry; if it persists, check the mirror.")
+
+
+class SourceUnpackFailed(SourceFetchError):
+    code = "source-unpack-failed"
+
+
+class UnknownKernel(UsageError):
+    """A command named a kernel that is not installed: one behaviour (exit 2) for every command."""
+
+    code = "unknown-kernel"
+
+
+def unknown_kernel(kernel: str, installed: list[str]) -> UnknownKernel:
+    """The error every command raises for a kernel without /lib/modules/<kernel>, naming those that exist."""
+    from spark_memsaver.decide.installability import unknown_kernel_remedy
+    names = ", ".join(installed) or "none"
+    return UnknownKernel(f"kernel {kernel} is not installed (no /lib/modules/{kernel}); installed kernels: {names}",
+                         remedy=unknown_kernel_remedy(installed), kernel=kernel, installed=list(installed))
+
+
+class DriverUnsupported(Unsupported):
+    """The NVIDIA driver of the kernel is not in this release's patch manifest."""
+
+    code = "driver-unsupported"

@@ -159,8 +159,9 @@ def policy_check(host: Host, config, kernel: str) -> None:
 
 
 def source_candidates(driver: str) -> list[str]:
+    from spark_memsaver.host.paths import source_tree   # the tree act/source_fetch.py fetched, after /usr/src's
     return [f"{SRC_ROOT}/nvidia-{driver}", f"{SRC_ROOT}/nvidia-open-{driver}",
-            f"{SRC_ROOT}/nvidia-current-open-{driver}", f"{SRC_ROOT}/nvidia-current-{driver}"]
+            f"{SRC_ROOT}/nvidia-current-open-{driver}", f"{SRC_ROOT}/nvidia-current-{driver}", source_tree(driver)]
 
 
 def find_driver_source(host: Host, driver: str) -> str:

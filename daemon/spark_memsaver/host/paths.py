@@ -7,6 +7,8 @@ import re
 STATE_DIR = "/var/lib/spark-memsaver"
 RUN_DIR = "/run/spark-memsaver"          # root-only 0700: the daemon's RuntimeDirectory; every lock lives here
 CACHE_DIR = "/var/cache/spark-memsaver"
+SOURCES_CACHE = f"{CACHE_DIR}/sources"    # fetched NVIDIA open kernel-module trees (act/source_fetch.py)
+SOURCES_PENDING = f"{SOURCES_CACHE}/pending.json"   # a fetch deferred until apt/dpkg exit (the daemon runs it)
 CONFIG_FILE = "/etc/spark-memsaver/config.yaml"
 LOG_DIR = f"{STATE_DIR}/logs"
 INTENTS = f"{STATE_DIR}/intents"
@@ -49,3 +51,8 @@ def stock_record(kernel: str) -> str:
 
 def stock_original(kernel: str) -> str:
     return f"{DKMS_STATE}/original/{safe_name(kernel)}"
+
+
+def source_tree(driver: str) -> str:
+    """The cached tree of NVIDIA ``driver``'s open kernel-module source (the /usr/src/nvidia-<v> layout)."""
+    return f"{SOURCES_CACHE}/nvidia-{safe_name(driver)}"

@@ -370,6 +370,11 @@ def snapshot(host: Host, config=None) -> dict:
         "memory": observe_memory(host, uvm),
         "records": observe_records(host),
     }
+    # the driver sources fetched into our cache count as sources (origin "cache"); how to get a missing one
+    from spark_memsaver.observe import sources as driver_sources
+    cached = driver_sources.cache_entries(host)
+    snap["driver"]["sources"] += driver_sources.cache_sources(host, cached)
+    snap["driver_sources"] = driver_sources.observe(host, config, snap["driver"], kernels, cached)
     snap["hazard_inputs"] = observe_hazard_inputs(host, h, snap["driver"], kernels)
     snap["unknown"] = unknown
     snap["observed_in_s"] = round(time.monotonic() - t0, 4)

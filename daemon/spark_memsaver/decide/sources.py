@@ -1,0 +1,126 @@
+"""Which package carries an NVIDIA driver's open kernel-module source, and the exact command that installs it.
+Pure: no I/O (observe/sources.py reads APT and the cache; act/source_fetch.py downloads).
+
+Layouts that exist (package -> where its tree lands):
+  Ubuntu (archive, DGX OS)  nvidia-kernel-source-<branch>-open         /usr/src/nvidia-<version>/
+                            nvidia-kernel-source-<branch>-server-open  /usr/src/nvidia-<version>/  (server branch:
+                                                                       modules in kernel/nvidia-<branch>srv-open/)
+  Debian (contrib)          nvidia-open-kernel-dkms                    /usr/src/nvidia-current-open-<version>/
+                            nvidia-open-kernel-source                  /usr/src/nvidia-open-kernel.tar.xz (a tarball)
+
+A Debian package version is ``[epoch:]upstream[-revision]``; the driver version is the upstream part:
+``580.178.04-0ubuntu0.24.04.1`` -> ``580.178.04``, ``1:550.163.01-4`` -> ``550.163.01``.
+"""
+
+from __future__ import annotations
+
+import re
+
+DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
+# Debian policy 5.6.1 (package names) and 5.6.12 (versions): what an argument of apt-get may contain.
+PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+DEB_VERSION_RE = re.compile(r"^(?:\d+:)?[0-9][A-Za-z0-9.+~:-]*$")
+
+UBUNTU = "ubuntu"
+UBUNTU_SERVER = "ubuntu-server"
+DEBIAN_DKMS = "debian-dkms"
+DEBIAN_TARBALL = "debian-tarball"
+
+
+def branch_of(driver_version: str) -> str:
+    return driver_version.split(".", 1)[0]
+
+
+def driver_of(deb_version: str | None) -> str | None:
+    """The NVIDIA driver version a package version carries, or None when it names none."""
+    if not deb_version or not DEB_VERSION_RE.match(deb_version):
+        return None
+    v = deb_version.split(":", 1)[1] if re.match(r"^\d+:", deb_version) else deb_version
+    upstream = v.rsplit("-", 1)[0] if "-" in v else v
+    m = re.match(r"^(\d+\.\d+(?:\.\d+)?)(?:[~+].*)?$", upstream)
+    return m.group(1) if m else None
+
+
+def _family(layout: dict) -> str | None:
+    """'ubuntu', 'debian' or None (unknown) from os-release's ID / ID_LIKE."""
+    ids = [str(layout.get("os_id") or "").lower()] + [s.lower() for s in str(layout.get("os_id_like") or "").split()]
+    if "ubuntu" in ids:
+        return "ubuntu"
+    if "debian" in ids:
+        return "debian"
+    return None
+
+
+def _server(layout: dict, branch: str) -> bool:
+    """The server flavour: the stock nvidia.ko lives in kernel/nvidia-<branch>srv-open/ (or the installed
+    common package is nvidia-kernel-common-<branch>-server)."""
+    ko = str(layout.get("nvidia_ko") or "")
+    if f"/nvidia-{branch}srv" in ko:
+        return True
+    return any(p == f"nvidia-kernel-common-{branch}-server" for p in layout.get("installed", {}) or {})
+
+
+def source_package(driver_version: str, layout: dict | None = None) -> list[dict]:
+    """Candidate source packages for ``driver_version``, most likely first. ``layout``: {"os_id", "os_id_like"
+    (os-release), "nvidia_ko" (path of the stock nvidia.ko), "installed" ({package: deb version} of the NVIDIA
+    packages dpkg has)}; missing keys mean unknown. Each entry: {"package", "layout", "tree" (where the tree
+    lands under /usr/src, or None for a tarball), "tarball" (or None)}."""
+    layout = layout or {}
+    if not DRIVER_RE.match(driver_version or ""):
+        return []
+    br = branch_of(driver_version)
+    ubuntu = [{"package": f"nvidia-kernel-source-{br}-open", "layout": UBUNTU,
+               "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None},
+              {"package": f"nvidia-kernel-source-{br}-server-open", "layout": UBUNTU_SERVER,
+               "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None}]
+    if _server(layout, br):
+        ubuntu.reverse()
+    debian = [{"package": "nvidia-open-kernel-dkms", "layout": DEBIAN_DKMS,
+               "tree": f"/usr/src/nvidia-current-open-{driver_version}", "tarball": None},
+              {"package": "nvidia-open-kernel-source", "layout": DEBIAN_TARBALL,
+               "tree": None, "tarball": "/usr/src/nvidia-open-kernel.tar.xz"}]
+    return debian + ubuntu if _family(layout) == "debian" else ubuntu + debian
+
+
+def install_command(package: str, deb_version: str) -> str:
+    """The exact command that installs that version, e.g.
+    ``sudo apt-get install nvidia-kernel-source-580-open=580.178.04-0ubuntu0.24.04.1``."""
+    if not PACKAGE_RE.match(package or "") or not DEB_VERSION_RE.match(deb_version or ""):
+        raise ValueError(f"not a package name and version: {package!r} {deb_version!r}")
+    return f"sudo apt-get install {package}={deb_version}"
+
+
+def choose(driver_version: str, candidates: list[dict], offered: dict[str, list[str]],
+           installed: dict[str, str] | None = None) -> dict:
+    """The exact package and version to get ``driver_version``'s source from.
+
+    ``offered``: {package: [deb versions APT's lists carry, newest first]} for the candidates' packages (None:
+    the lists could not be read). ``installed``: {package: deb version} from dpkg (the driver's other packages).
+    Returns {"package", "deb_version", "in_lists"}: the first candidate (in preference order) whose lists carry a
+    version of exactly this driver (the newest such); else a version inferred from the installed sibling
+    package of the same source (Ubuntu builds nvidia-kernel-common-<branch> and nvidia-kernel-source-<branch>-open
+    from one source at one version) with in_lists False; else package and deb_version None."""
+    for c in candidates:
+        for v in (offered or {}).get(c["package"], []) or []:
+            if driver_of(v) == driver_version:
+                return {"package": c["package"], "deb_version": v, "in_lists": True}
+    br = branch_of(driver_version) if DRIVER_RE.match(driver_version or "") else None
+    for c in candidates:
+        sibling = {UBUNTU: f"nvidia-kernel-common-{br}", UBUNTU_SERVER: f"nvidia-kernel-common-{br}-server"}.get(
+            c["layout"])
+        v = (installed or {}).get(sibling) if sibling else None
+        if v and driver_of(v) == driver_version and DEB_VERSION_RE.match(v):
+            return {"package": c["package"], "deb_version": v, "in_lists": False}
+    return {"package": None, "deb_version": None, "in_lists": False}
+
+
+def entry(driver_version: str, mode: str, present: dict | None, chosen: dict, lists_known: bool) -> dict:
+    """One ``by_driver`` entry of snap["driver_sources"] (see observe/sources.py)."""
+    pkg, dv = chosen.get("package"), chosen.get("deb_version")
+    in_lists = bool(chosen.get("in_lists")) and lists_known
+    remedy = install_command(pkg, dv) if pkg and dv else None
+    return {"present": present is not None, "path": (present or {}).get("path"),
+            "origin": (present or {}).get("origin"),
+            "package": pkg, "deb_version": dv, "in_lists": in_lists,
+            "fetchable": present is None and mode == "auto" and in_lists,
+            "remedy": None if present is not None else remedy}

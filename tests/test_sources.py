@@ -1,0 +1,332 @@
+"""Source acquisition (issue #14 item 1): driver -> source package (pure), what APT offers (a REAL apt reading
+a local repository of real .debs built with dpkg-deb and indexed with apt-ftparchive), and the fetch itself
+(the real ``apt-get download`` into the cache, SHA256 against the lists, dpkg-deb -x, one rename).
+
+The repository lives in a fixture root (``--root`` host): its etc/apt/sources.list names a ``[trusted=yes]``
+file: repository, ``apt-get -o Dir=<root>/ update`` fills its lists, and the product reads that root's APT
+state exactly as it reads a mounted image's. The .debs carry a small but well-formed open kernel-module tree
+(Kbuild with NV_VERSION_STRING, nvidia-uvm/...); the UBUNTU engineer's end-to-end test uses real NVIDIA trees.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver import config as cfg
+from spark_memsaver.decide import sources as dsrc
+from spark_memsaver.errors import (ConfigError, SourceChecksumMismatch, SourceFetchDisabled, SourceNotInLists)
+from spark_memsaver.host import Host, paths
+
+V = "580.178.04"
+UBU = "580.178.04-0ubuntu0.24.04.1"
+PKG = "nvidia-kernel-source-580-open"
+
+needs_apt = pytest.mark.skipif(not all(shutil.which(t) for t in ("apt-get", "apt-ftparchive", "dpkg-deb")),
+                               reason="needs apt, apt-utils (apt-ftparchive) and dpkg-deb (tools/deps/sources.txt)")
+
+
+# --- pure -------------------------------------------------------------------------------------------
+
+def test_driver_of_deb_versions():
+    assert dsrc.driver_of("580.178.04-0ubuntu0.24.04.1") == "580.178.04"
+    assert dsrc.driver_of("1:550.163.01-4") == "550.163.01"
+    assert dsrc.driver_of("535.261.03-1~deb12u1") == "535.261.03"
+    assert dsrc.driver_of("580.142") == "580.142"
+    assert dsrc.driver_of("580.142~rc1-1") == "580.142"
+    assert dsrc.driver_of("580.142.1.2-1") is None
+    assert dsrc.driver_of("abc-1") is None and dsrc.driver_of(None) is None and dsrc.driver_of("") is None
+
+
+def test_source_package_order_by_layout():
+    names = lambda layout: [c["package"] for c in dsrc.source_package(V, layout)]  # noqa: E731
+    assert names({"os_id": "ubuntu"}) == [PKG, "nvidia-kernel-source-580-server-open", "nvidia-open-kernel-dkms",
+                                          "nvidia-open-kernel-source"]
+    # DGX OS reports ID=ubuntu; a derivative names it in ID_LIKE
+    assert names({"os_id": "dgx", "os_id_like": "ubuntu debian"})[0] == PKG
+    # the server flavour's modules live in kernel/nvidia-580srv-open/
+    assert names({"os_id": "ubuntu", "nvidia_ko": "/lib/modules/K/kernel/nvidia-580srv-open/nvidia.ko"})[0] == \
+        "nvidia-kernel-source-580-server-open"
+    assert names({"os_id": "ubuntu", "installed": {"nvidia-kernel-common-580-server": UBU}})[0] == \
+        "nvidia-kernel-source-580-server-open"
+    assert names({"os_id": "debian"})[:2] == ["nvidia-open-kernel-dkms", "nvidia-open-kernel-source"]
+    trees = {c["package"]: c["tree"] for c in dsrc.source_package(V, {})}
+    assert trees[PKG] == f"/usr/src/nvidia-{V}"
+    assert trees["nvidia-open-kernel-dkms"] == f"/usr/src/nvidia-current-open-{V}"
+    assert dsrc.source_package("not-a-version", {}) == []
+
+
+def test_install_command_exact_and_refuses_injection():
+    assert dsrc.install_command(PKG, UBU) == f"sudo apt-get install {PKG}={UBU}"
+    for bad in (("x; rm -rf /", "1"), (PKG, "1.0 && reboot"), (PKG, ""), ("", "1")):
+        with pytest.raises(ValueError):
+            dsrc.install_command(*bad)
+
+
+def test_choose_exact_version_and_sibling_inference():
+    cands = dsrc.source_package(V, {"os_id": "ubuntu"})
+    offered = {PKG: ["580.200.01-0ubuntu1", UBU, "580.142-0ubuntu1"]}
+    assert dsrc.choose(V, cands, offered) == {"package": PKG, "deb_version": UBU, "in_lists": True}
+    # not in the lists: the version the installed nvidia-kernel-common-580 has (same source, same version)
+    got = dsrc.choose(V, cands, {PKG: ["580.200.01-0ubuntu1"]}, {"nvidia-kernel-common-580": UBU})
+    assert got == {"package": PKG, "deb_version": UBU, "in_lists": False}
+    # a sibling of another driver version proves nothing
+    got = dsrc.choose(V, cands, {}, {"nvidia-kernel-common-580": "580.200.01-0ubuntu1"})
+    assert got == {"package": None, "deb_version": None, "in_lists": False}
+
+
+def test_config_source_fetch_key():
+    assert cfg.Config().source_fetch == "auto"
+    assert cfg.parse("source_fetch: never\n", "t").source_fetch == "never"
+    with pytest.raises(ConfigError, match="source_fetch"):
+        cfg.parse("source_fetch: sometimes\n", "t")
+    with pytest.raises(ConfigError, match="source_fetch"):
+        cfg.parse("source_fetch: false\n", "t")
+
+
+# --- a real APT repository ------------------------------------------------------------------------------
+
+def nvidia_tree(d: Path, version: str) -> Path:
+    """A small open kernel-module tree in the /usr/src layout (what read_tree_version/find_driver_source check)."""
+    files = {
+        "Kbuild": f'EXTRA_CFLAGS += -DNV_VERSION_STRING=\\"{version}\\"\n',
+        "Makefile": "# NVIDIA open kernel modules\n", "conftest.sh": "#!/bin/sh\n",
+        "common/inc/nv.h": "/* nv */\n",
+        "nvidia/nvidia.Kbuild": "NV_CONFTEST_FUNCTION_COMPILE_TESTS += x\n",
+        "nvidia-uvm/uvm.c": "/* uvm */\n", "nvidia-uvm/uvm_mmu.c": f"/* uvm_mmu {version} */\n",
+        "nvidia-uvm/uvm_mmu.h": "/* uvm_mmu.h */\n", "nvidia-uvm/nvidia-uvm-sources.Kbuild": "NVIDIA_UVM_SOURCES +=\n",
+        "nvidia-uvm/nvidia-uvm.Kbuild": "# uvm\n",
+    }
+    for rel, text in files.items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return d
+
+
+def make_deb(out: Path, package: str, deb_version: str, tree_version: str, *, tree_dir: str | None = None,
+             tarball: bool = False) -> Path:
+    build = out / f"build-{package}-{deb_version}"
+    (build / "DEBIAN").mkdir(parents=True)
+    (build / "DEBIAN/control").write_text(
+        f"Package: {package}\nVersion: {deb_version}\nArchitecture: all\nMaintainer: t <t@example.invalid>\n"
+        "Section: kernel\nPriority: optional\nDescription: NVIDIA kernel source package (test)\n")
+    if tarball:
+        t = nvidia_tree(out / f"tar-{deb_version}/modules/nvidia-kernel", tree_version)
+        (build / "usr/src").mkdir(parents=True)
+        subprocess.run(["tar", "-cJf", str(build / "usr/src/nvidia-open-kernel.tar.xz"), "-C",
+                        str(t.parent.parent), "modules"], check=True)
+    else:
+        nvidia_tree(build / "usr/src" / (tree_dir or f"nvidia-{tree_version}"), tree_version)
+    deb = out / f"{package}_{deb_version.split(':')[-1]}_all.deb"
+    subprocess.run(["dpkg-deb", "-Zgzip", "--root-owner-group", "--build", str(build), str(deb)], check=True,
+                   capture_output=True)
+    shutil.rmtree(build)
+    return deb
+
+
+def index(repo: Path) -> None:
+    pk = subprocess.run(["apt-ftparchive", "packages", "."], cwd=repo, check=True, capture_output=True).stdout
+    (repo / "Packages").write_bytes(pk)
+
+
+def apt_root(root: Path, repo: Path, os_id: str = "ubuntu") -> Path:
+    """APT state of a fixture root that knows the repository (the system's apt state is never touched)."""
+    for d in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d", "var/lib/apt/lists/partial",
+              "var/cache/apt/archives/partial", "var/lib/dpkg/updates", "var/lib/dpkg/info"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
+    (root / "var/lib/dpkg/status").touch()
+    (root / "etc/os-release").write_text(f'ID={os_id}\nVERSION_ID="24.04"\n')
+    update(root)
+    return root
+
+
+def update(root: Path) -> None:
+    subprocess.run(["apt-get", f"-o=Dir={root}/", "-o=Dir::Cache::pkgcache=", "-o=Dir::Cache::srcpkgcache=",
+                    "-q", "update"], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "repo"
+    r.mkdir()
+    os.chmod(tmp_path, 0o755)   # apt's _apt download sandbox may read it
+    make_deb(r, PKG, UBU, V)
+    make_deb(r, PKG, "580.142-0ubuntu0.24.04.1", "580.142")
+    index(r)
+    return r
+
+
+def driver_kernels(version: str, path: str = "/lib/modules/K/kernel/nvidia-580-open/nvidia.ko"):
+    return {"loaded_version": version, "sources": []}, [{"release": "K", "nvidia_selected": {"version": version,
+                                                                                            "path": path}}]
+
+
+@needs_apt
+def test_observe_real_apt_offers_exact_version(tmp_path, repo):
+    from spark_memsaver.observe import sources as osrc
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    drv, kernels = driver_kernels(V)
+    got = osrc.observe(host, cfg.Config(), drv, kernels)
+    e = got["by_driver"][V]
+    assert got["apt"] == "read" and got["mode"] == "auto"
+    assert e == {"present": False, "path": None, "origin": None, "package": PKG, "deb_version": UBU,
+                 "in_lists": True, "fetchable": True, "remedy": f"sudo apt-get install {PKG}={UBU}"}
+    # source_fetch: never -> not fetchable, the exact command is the remedy
+    never = osrc.observe(host, cfg.Config(source_fetch="never"), drv, kernels)["by_driver"][V]
+    assert never["fetchable"] is False and never["remedy"] == f"sudo apt-get install {PKG}={UBU}"
+    # a driver the repository lacks: not in the lists, no guessed version without an installed sibling
+    drv2, k2 = driver_kernels("580.999.01")
+    e2 = osrc.observe(host, cfg.Config(), drv2, k2)["by_driver"]["580.999.01"]
+    assert e2["in_lists"] is False and e2["fetchable"] is False and e2["remedy"] is None
+
+
+@needs_apt
+def test_observe_root_without_apt_is_unknown(tmp_path):
+    from spark_memsaver.observe import sources as osrc
+    root = tmp_path / "bare"
+    (root / "etc").mkdir(parents=True)
+    drv, kernels = driver_kernels(V)
+    got = osrc.observe(Host(root), cfg.Config(), drv, kernels)
+    assert got["apt"] == "unknown"
+    assert got["by_driver"][V]["fetchable"] is False and got["by_driver"][V]["in_lists"] is False
+
+
+@needs_apt
+def test_fetch_real_apt_download_into_cache_and_snapshot_sees_it(tmp_path, repo):
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.observe import sources as osrc
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    # apt-get download takes no dpkg lock: hold both of the root's dpkg locks (as apt/dpkg do) meanwhile
+    held = []
+    for name in ("lock-frontend", "lock"):
+        fd = os.open(root / "var/lib/dpkg" / name, os.O_RDWR | os.O_CREAT, 0o640)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(fd)
+    try:
+        res = source_fetch.fetch(host, cfg.Config(), V)
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert res["status"] == "fetched" and res["package"] == PKG and res["deb_version"] == UBU
+    tree = root / paths.source_tree(V).lstrip("/")
+    assert res["path"] == paths.source_tree(V) and (tree / "nvidia-uvm/uvm_mmu.c").is_file()
+    rec = json.loads((tree / osrc.RECORD).read_text())
+    want = subprocess.run(["apt-cache", f"-o=Dir={root}/", "-o=Dir::Cache::pkgcache=", "show", f"{PKG}={UBU}"],
+                          capture_output=True, text=True, check=True).stdout
+    assert f"SHA256: {rec['sha256']}" in want
+    # nothing installed: dpkg's database is untouched, no staging left
+    assert (root / "var/lib/dpkg/status").read_text() == ""
+    assert [n for n in os.listdir(root / paths.SOURCES_CACHE.lstrip("/")) if n.startswith(".staging")] == []
+    drv, kernels = driver_kernels(V)
+    src = osrc.cache_sources(host)
+    assert src == [{"version": V, "path": paths.source_tree(V), "open": True, "origin": "cache"}]
+    got = osrc.observe(host, cfg.Config(), drv, kernels)
+    assert got["by_driver"][V]["present"] is True and got["by_driver"][V]["origin"] == "cache"
+    assert got["by_driver"][V]["remedy"] is None and got["by_driver"][V]["fetchable"] is False
+    assert got["cache"]["entries"][0]["deb_version"] == UBU and got["cache"]["bytes"] > 0
+    # the build's source lookup finds the cached tree (act/dkms_run.find_driver_source)
+    from spark_memsaver.act.dkms_run import find_driver_source
+    assert find_driver_source(host, V) == paths.source_tree(V)
+    # a second fetch is a no-op
+    assert source_fetch.fetch(host, cfg.Config(), V)["status"] == "present"
+
+
+@needs_apt
+def test_tampered_deb_is_refused_and_nothing_kept(tmp_path, repo):
+    from spark_memsaver.act import source_fetch
+    root = apt_root(tmp_path / "root", repo)
+    deb = repo / f"{PKG}_{UBU}_all.deb"
+    data = bytearray(deb.read_bytes())
+    data[-100] ^= 0xFF                       # same size, different bytes, after Packages was made
+    deb.write_bytes(bytes(data))
+    with pytest.raises(SourceChecksumMismatch) as ei:
+        source_fetch.fetch(Host(root), cfg.Config(), V)
+    assert "nothing was kept" in ei.value.message
+    cache = root / paths.SOURCES_CACHE.lstrip("/")
+    assert [n for n in os.listdir(cache) if not n.startswith(".apt-index")] == []
+
+
+def test_verify_deb_against_lists_fields(tmp_path):
+    """Our own check (beside apt's): a .deb whose sha256 or size differs from the lists' fields is refused."""
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.host.fsutil import sha256_file
+    deb = tmp_path / "x.deb"
+    deb.write_bytes(b"a" * 100)
+    good = {"SHA256": sha256_file(deb), "Size": "100", "Package": PKG, "Version": UBU}
+    assert source_fetch.verify_deb(deb, good) == good["SHA256"]
+    for bad in ({**good, "SHA256": "0" * 64}, {**good, "Size": "99"}, {**good, "SHA256": ""}):
+        with pytest.raises(SourceChecksumMismatch):
+            source_fetch.verify_deb(deb, bad)
+
+
+@needs_apt
+def test_fetch_never_and_not_in_lists_give_exact_command(tmp_path, repo):
+    from spark_memsaver.act import source_fetch
+    root = apt_root(tmp_path / "root", repo)
+    with pytest.raises(SourceFetchDisabled) as ei:
+        source_fetch.fetch(Host(root), cfg.Config(source_fetch="never"), V)
+    assert f"sudo apt-get install {PKG}={UBU}" in ei.value.remedy
+    # a version the repository does not carry, with the sibling package dpkg has installed
+    (root / "var/lib/dpkg/status").write_text(
+        "Package: nvidia-kernel-common-580\nStatus: install ok installed\nArchitecture: all\n"
+        "Version: 580.190.01-0ubuntu0.24.04.1\nMaintainer: t <t@example.invalid>\nDescription: t\n\n")
+    with pytest.raises(SourceNotInLists) as ei:
+        source_fetch.fetch(Host(root), cfg.Config(), "580.190.01")
+    assert f"sudo apt-get install {PKG}=580.190.01-0ubuntu0.24.04.1" in ei.value.remedy
+    assert not (root / paths.source_tree("580.190.01").lstrip("/")).exists()
+
+
+@needs_apt
+def test_debian_dkms_and_tarball_layouts(tmp_path):
+    from spark_memsaver.act import source_fetch
+    r = tmp_path / "repo"
+    r.mkdir()
+    os.chmod(tmp_path, 0o755)
+    make_deb(r, "nvidia-open-kernel-dkms", "550.163.01-4", "550.163.01", tree_dir="nvidia-current-open-550.163.01")
+    make_deb(r, "nvidia-open-kernel-source", "555.58.02-1", "555.58.02", tarball=True)
+    index(r)
+    root = apt_root(tmp_path / "root", r, os_id="debian")
+    for v, pkg in (("550.163.01", "nvidia-open-kernel-dkms"), ("555.58.02", "nvidia-open-kernel-source")):
+        res = source_fetch.fetch(Host(root), cfg.Config(), v)
+        assert res["package"] == pkg and (root / paths.source_tree(v).lstrip("/") / "Kbuild").is_file()
+
+
+@needs_apt
+def test_wrong_tree_in_package_is_refused(tmp_path):
+    """A package whose tree says another version (its Kbuild) is refused: the cache never holds a mislabelled tree."""
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.errors import SourceUnpackFailed
+    r = tmp_path / "repo"
+    r.mkdir()
+    os.chmod(tmp_path, 0o755)
+    make_deb(r, PKG, UBU, "580.142", tree_dir=f"nvidia-{V}")
+    index(r)
+    root = apt_root(tmp_path / "root", r)
+    with pytest.raises(SourceUnpackFailed, match="holds NVIDIA 580.142"):
+        source_fetch.fetch(Host(root), cfg.Config(), V)
+    assert not (root / paths.source_tree(V).lstrip("/")).exists()
+
+
+@needs_apt
+def test_prune_keeps_only_installed_drivers(tmp_path, repo):
+    from spark_memsaver.act import source_fetch
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    source_fetch.fetch(host, cfg.Config(), "580.142")
+    res = source_fetch.fetch(host, cfg.Config(), V, keep={V})      # the driver moved on: 580.142 goes
+    assert res["pruned"] == ["580.142"]
+    cache = root / paths.SOURCES_CACHE.lstrip("/")
+    assert sorted(n for n in os.listdir(cache) if n.startswith("nvidia-")) == [f"nvidia-{V}"]
+    (cache / ".staging-deadbeef").mkdir()                          # a killed fetch's leftover
+    assert source_fetch.prune(host, set()) == {"removed": [V], "kept": []}
+    assert [n for n in os.listdir(cache) if not n.startswith(".apt-index")] == []
