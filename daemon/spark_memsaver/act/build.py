@@ -66,11 +66,14 @@ def _progress_poller(host: Host, ver: str, progress):
         marks = re.findall(r"^spark-memsaver-progress: ([0-9.]+) (.*)$", text, re.M)
         if marks:
             state["frac"], state["msg"] = max(state["frac"], float(marks[-1][0])), marks[-1][1]
-        cc = len(re.findall(r"^\s+CC \[M\]\s+\S+/nvidia-uvm/", text, re.M))
+        # kbuild prints the object relative to the module directory (6.x: "CC [M]  nvidia-uvm/uvm.o") or
+        # absolute (older): both count; conftest and modpost objects do not
+        cc = len(re.findall(r"^\s+CC \[M\]\s+(?:\S*/)?nvidia-uvm/\S+\.o$", text, re.M))
         frac, msg = state["frac"], state["msg"]
         if state["total"] and cc:
             frac = max(frac, 0.10 + 0.85 * min(1.0, cc / state["total"]))
-            msg = f"compiling nvidia-uvm ({cc}/{state['total']})"
+            # one counted stage (cli/lifecycle.ProgressLines prints it per 10 %)
+            msg = f"compiling nvidia-uvm: {min(cc, state['total'])}/{state['total']} files"
         if "LD [M]" in text and "nvidia-uvm.ko" in text:
             frac, msg = max(frac, 0.96), "linking nvidia-uvm.ko"
         progress(frac, msg)

@@ -8,6 +8,7 @@ from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import intents
 import json
 import os
+import re
 import sys
 from spark_memsaver.act.executor import perform
 from spark_memsaver.cli.build import act
@@ -15,6 +16,8 @@ from spark_memsaver.cli.build import act
 
 def _emit(doc: dict, as_json: bool, lines: list[str]) -> None:
     import click
+    for p in _PRINTERS:
+        p.done()
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
@@ -30,13 +33,73 @@ def _step_lines(steps: list[dict]) -> list[str]:
     return out
 
 
+_PRINTERS: list = []
+COUNTED = re.compile(r"^(?P<stage>.*): (?P<n>\d+)/(?P<total>\d+) files$")
+
+
+class ProgressLines:
+    """The progress printer of reconcile and the package-manager doors (stderr).
+
+    A TTY gets one live line (\\r updates). Anything else (apt, term.log, the journal) gets one line per
+    stage and, for a counted stage ('compiling nvidia-uvm: 61/122 files', act/build.py), a line per 10 %
+    step of its count at most; never the same line twice in a row."""
+
+    def __init__(self, stream=None, tty: bool | None = None, prefix: str = ""):
+        self.stream = stream
+        self.tty = tty
+        self.prefix = prefix
+        self.last = None            # the last line written
+        self.stage = None           # (stage, total) of the last counted line, and its 10 % step
+        self.step = -1
+        self.live = False
+        _PRINTERS.append(self)
+
+    def _out(self):
+        return self.stream or sys.stderr
+
+    def __call__(self, *args) -> None:
+        msgs = [a for a in args if isinstance(a, str)]
+        if not msgs:
+            return
+        msg = msgs[-1].strip()
+        out = self._out()
+        tty = out.isatty() if self.tty is None else self.tty
+        m = COUNTED.match(msg)
+        key = (m.group("stage"), int(m.group("total"))) if m else None
+        if tty:
+            # counts of the same stage update the live line in place; a new stage starts a new line
+            same = key is not None and key == self.stage
+            if msg != self.last:
+                out.write(("\r\033[K" if same else "\n" if self.live else "") + self.prefix + msg)
+                out.flush()
+            self.live, self.last, self.stage = True, msg, key
+            return
+        if m:
+            step = min(10, int(m.group("n")) * 10 // max(1, key[1]))
+            if key == self.stage and step <= self.step:
+                return
+            self.step = step
+        else:
+            self.step = -1
+        self.stage = key
+        if msg == self.last:
+            return
+        self.last = msg
+        out.write(self.prefix + msg + "\n")
+        out.flush()
+
+    def done(self) -> None:
+        """End a live line (before the command's own output)."""
+        if self.live:
+            self._out().write("\n")
+            self._out().flush()
+            self.live = False
+
+
 def register(root) -> None:
     import click
 
-    def progress(*args):
-        for a in args:
-            if isinstance(a, str):
-                click.echo(a, err=True)
+    progress = ProgressLines()
 
     @root.command("reconcile")
     @click.option("--json", "as_json", is_flag=True)
@@ -52,7 +115,9 @@ def register(root) -> None:
     def reconcile_cmd(obj, as_json, dry_run, kernels, no_rebuild, apt_pre, hook):
         """Make every kernel safe: remove overrides built for another driver, finish or undo interrupted
         operations, rebuild where the driver is supported. Exit 0 done, 3 a step failed."""
-        say = None if as_json else progress
+        # a package-manager door writes into apt's output and term.log: lines, never a live \r line
+        say = None if as_json else (ProgressLines(tty=False, prefix="spark-memsaver: ") if (apt_pre or hook)
+                                    else progress)
         if apt_pre:
             fd = int(os.environ.get("APT_HOOK_INFO_FD", "0") or 0)
             text = os.fdopen(os.dup(fd), errors="replace").read() if fd else sys.stdin.read()
@@ -61,12 +126,15 @@ def register(root) -> None:
             except MemsaverError as e:  # never abort APT: the post step, the daemon and the guard follow
                 doc = {"ok": False, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver: pre-install check failed: {e.message}", err=True)
-            _emit(doc, as_json, [f"spark-memsaver: {s['kernel']}: override removed before unpack ({s['reason']})"
-                                 for s in doc["steps"] if s.get("ok")])
+            from spark_memsaver.decide.apt import door_line
+            _emit(doc, as_json, [f"spark-memsaver: {door_line(s)}" for s in doc["steps"]]
+                  + [f"spark-memsaver: {n['message']}" for n in doc.get("notes", [])])
             return 0
         if hook:
             try:
-                doc = perform("reconcile", obj.host, obj.config, progress=say, inside_dpkg=True)
+                # a kernel hook names its kernel: only that kernel is built (never another kernel's rebuild)
+                doc = perform("reconcile", obj.host, obj.config, progress=say, inside_dpkg=True,
+                              kernels=list(kernels) or None)
             except MemsaverError as e:
                 doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver ({hook}): {e.message}", err=True)
