@@ -10,7 +10,6 @@ state exactly as it reads a mounted image's. The .debs carry a small but well-fo
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -206,17 +205,10 @@ def test_fetch_real_apt_download_into_cache_and_snapshot_sees_it(tmp_path, repo)
     from spark_memsaver.observe import sources as osrc
     root = apt_root(tmp_path / "root", repo)
     host = Host(root)
-    # apt-get download takes no dpkg lock: hold both of the root's dpkg locks (as apt/dpkg do) meanwhile
-    held = []
-    for name in ("lock-frontend", "lock"):
-        fd = os.open(root / "var/lib/dpkg" / name, os.O_RDWR | os.O_CREAT, 0o640)
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        held.append(fd)
-    try:
+    # apt-get download takes no dpkg lock: another process holds both of the root's dpkg locks meanwhile, as
+    # apt and dpkg do inside the APT/dpkg doors
+    with _DpkgLocks(root):
         res = source_fetch.fetch(host, cfg.Config(), V)
-    finally:
-        for fd in held:
-            os.close(fd)
     assert res["status"] == "fetched" and res["package"] == PKG and res["deb_version"] == UBU
     tree = root / paths.source_tree(V).lstrip("/")
     assert res["path"] == paths.source_tree(V) and (tree / "nvidia-uvm/uvm_mmu.c").is_file()
@@ -330,3 +322,88 @@ def test_prune_keeps_only_installed_drivers(tmp_path, repo):
     (cache / ".staging-deadbeef").mkdir()                          # a killed fetch's leftover
     assert source_fetch.prune(host, set()) == {"removed": [V], "kept": []}
     assert [n for n in os.listdir(cache) if not n.startswith(".apt-index")] == []
+
+
+# --- the plan step (act/steps.py -> act/source_fetch.run_step) and reconcile's pruning ---------------------
+
+class _DpkgLocks:
+    """Another process holding the root's dpkg locks with fcntl, as apt (lock-frontend) and dpkg (lock) do
+    (F_GETLK, which the product uses, sees only other processes' locks)."""
+
+    CODE = ("import fcntl, os, sys\n"
+            "fds = [os.open(p, os.O_RDWR | os.O_CREAT, 0o640) for p in sys.argv[1:]]\n"
+            "[fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB) for fd in fds]\n"
+            "print('held', flush=True)\nsys.stdin.read()\n")
+
+    def __init__(self, root: Path):
+        self.args = [str(root / "var/lib/dpkg" / n) for n in ("lock-frontend", "lock")]
+
+    def __enter__(self):
+        import sys
+        self.p = subprocess.Popen([sys.executable, "-c", self.CODE, *self.args], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert self.p.stdout.readline().strip() == "held"
+        return self
+
+    def __exit__(self, *exc):
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+def _steps(kernel: str, driver: str):
+    from spark_memsaver.decide import plan as rc
+    return [rc.Step("fetch-source", kernel, "source missing", driver_to=driver),
+            rc.Step("build-install", kernel, "no build", driver_to=driver)]
+
+
+@needs_apt
+def test_step_inside_apt_doors_defers_and_build_waits(tmp_path, repo):
+    """Inside the APT/dpkg doors (apt/dpkg hold the dpkg locks) nothing is fetched: the fetch is recorded as
+    pending for the daemon, and the kernel's build does not run (it would fail without the source)."""
+    from spark_memsaver.act import steps as st
+    from spark_memsaver.observe import sources as osrc
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    with _DpkgLocks(root):
+        done = st.execute(host, cfg.Config(), _steps("K", V), snap=None)
+    assert done[0]["ok"] is True and done[0]["result"]["deferred"] is True
+    assert done[1]["skipped"].startswith("its NVIDIA driver source is not fetched yet")
+    assert osrc.pending(host)["drivers"] == [V]
+    assert not (root / paths.source_tree(V).lstrip("/")).exists()
+    # apt has exited: the same step fetches, and the pending record goes
+    done = st.execute(host, cfg.Config(), _steps("K", V)[:1], snap=None)
+    assert done[0]["ok"] is True and done[0]["result"]["status"] == "fetched"
+    assert osrc.pending(host) is None
+
+
+@needs_apt
+def test_step_failure_records_rollback_with_exact_remedy(tmp_path, repo):
+    from spark_memsaver.act import steps as st
+    from spark_memsaver.host import intents
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    (root / "var/lib/dpkg/status").write_text(
+        "Package: nvidia-kernel-common-580\nStatus: install ok installed\nArchitecture: all\n"
+        "Version: 580.190.01-0ubuntu0.24.04.1\nMaintainer: t <t@example.invalid>\nDescription: t\n\n")
+    done = st.execute(host, cfg.Config(), _steps("K", "580.190.01"), snap=None)
+    assert done[0]["ok"] is False and done[0]["result"]["error"]["code"] == "source-not-in-lists"
+    assert "skipped" in done[1]
+    rb = [r for r in intents.list_rollbacks(host)[0] if r.get("kernel") == "K"]
+    assert rb and rb[0]["code"] == "source-not-in-lists"
+    assert f"sudo apt-get install {PKG}=580.190.01-0ubuntu0.24.04.1" in rb[0]["remedy"]
+
+
+@needs_apt
+def test_prune_installed_from_a_snapshot(tmp_path, repo):
+    from spark_memsaver.act import source_fetch
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    source_fetch.fetch(host, cfg.Config(), "580.142")
+    source_fetch.fetch(host, cfg.Config(), V)
+    drv, kernels = driver_kernels(V)
+    unreadable = {"driver": {"loaded_version": None}, "kernels": [{"release": "K", "nvidia_selected": {
+        "error": "modinfo failed", "state": "unreadable"}}]}
+    assert source_fetch.prune_installed(host, unreadable) is None        # unknown driver: nothing pruned
+    with _DpkgLocks(root):
+        assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels}) is None   # apt runs
+    assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == ["580.142"]

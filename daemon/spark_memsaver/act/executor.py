@@ -171,6 +171,10 @@ def _reconcile(host, config, progress, problems, kernels=None, rebuild=None, dry
     results = st.execute(host, config, steps, snap, progress, problems)
     doc = {"ok": all(r.get("ok", True) for r in results),
            "acting": sum(1 for s in steps if s.action in rc.ACTING), "steps": results, "support": support}
+    from spark_memsaver.act import source_fetch   # the source cache keeps the installed drivers' trees only
+    pruned = (source_fetch.prune_installed(host, snap) or {}).get("removed")
+    if pruned:
+        doc["sources_pruned"] = pruned
     if _deferred:
         doc["deferred"] = _deferred
     return doc

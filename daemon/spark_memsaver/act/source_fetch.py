@@ -270,3 +270,46 @@ def clear_pending(host: Host, driver_version: str | None = None) -> None:
             p.unlink()
     except FileNotFoundError:
         pass
+
+
+# --- the plan step and reconcile's pruning (act/steps.py, act/executor.py) ------------------------------
+
+def _inside_apt(host: Host) -> int | None:
+    """pid of the apt/dpkg that holds the dpkg locks (the APT/dpkg doors run inside it), else None."""
+    from spark_memsaver.act.executor import dpkg_running
+    return dpkg_running(host)
+
+
+def run_step(host: Host, config, step, snap: dict | None, problems: list, progress=None) -> dict:
+    """Plan step ``fetch-source`` (kernel, driver): fetch, or -- inside the APT/dpkg doors, where apt holds its
+    locks -- record the fetch as pending for the daemon to run once apt has exited (service/daemon.py). The
+    kernel stays on the stock module meanwhile (the pre-install door removed ours; the build waits). A failed
+    fetch leaves a rollback record with its code and exact remedy, so status says why the kernel is stock."""
+    from spark_memsaver.act import records_io as rio
+    driver = getattr(step, "driver", None) or step.driver_to
+    pid = _inside_apt(host)
+    if pid:
+        defer(host, driver, step.kernel, f"apt/dpkg (pid {pid}) holds its locks")
+        return {"ok": True, "deferred": True, "driver": driver,
+                "reason": f"apt/dpkg (pid {pid}) is running: the source of NVIDIA {driver} is fetched by "
+                          "spark-memsaverd once it exits"}
+    keep = set(osrc.installed_drivers(snap.get("driver") or {}, snap.get("kernels") or [])) if snap else None
+    try:
+        return fetch(host, config, driver, progress=progress, keep=keep)
+    except MemsaverError as e:
+        if step.kernel:
+            rio.write_rollback(host, step.kernel, f"the source of NVIDIA {driver} could not be fetched: {e.message}",
+                               problems, code=e.code, remedy=e.remedy or "", driver_from=step.driver_from,
+                               driver_to=driver)
+        return {"ok": False, "driver": driver, "error": e.to_dict()}
+
+
+def prune_installed(host: Host, snap: dict | None) -> dict | None:
+    """reconcile's pruning: keep the cached trees of the installed drivers only. Skipped while apt/dpkg runs
+    (the installed set is changing) or when a kernel's nvidia.ko cannot be read (its driver is unknown)."""
+    if not snap or not osrc.cache_entries(host) or _inside_apt(host):
+        return None
+    kernels = snap.get("kernels") or []
+    if any((k.get("nvidia_selected") or {}).get("error") for k in kernels):
+        return None
+    return prune(host, set(osrc.installed_drivers(snap.get("driver") or {}, kernels)))

@@ -251,10 +251,21 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None 
     """Run the acting steps of a plan in order; a failed step is reported and the next one runs."""
     problems = [] if problems is None else problems
     done = []
+    waiting: set = set()    # kernels whose driver source was not fetched (failed, or deferred past apt)
     for s in steps:
         entry = s.to_dict()
+        if s.action == "build-install" and s.kernel in waiting:
+            done.append({**entry, "ok": True, "skipped": "its NVIDIA driver source is not fetched yet (fetch-source)"})
+            continue
         try:
-            entry.update(_one(host, config, s, progress, problems))
+            if s.action == "fetch-source":   # act/source_fetch.py: fetch, or defer past apt inside its doors
+                from spark_memsaver.act import source_fetch
+                entry["result"] = source_fetch.run_step(host, config, s, snap, problems, fwd(progress))
+                entry["ok"] = entry["result"].get("ok", False)
+                if not entry["result"].get("path"):
+                    waiting.add(s.kernel)
+            else:
+                entry.update(_one(host, config, s, progress, problems))
             entry.setdefault("ok", True)
         except MemsaverError as e:
             entry["ok"] = False
