@@ -205,7 +205,9 @@ def test_config_change_is_a_finding_with_the_exact_command(spark):
     assert [s["action"] for s in st] == ["config-changed"] and "tier 4k-all -> leaf" in st[0]["reason"]
     f = [x for x in evaluate(executor.observe_for_plan(Host(spark)), cfg).findings if x.code == "config-changed"]
     assert len(f) == 1 and f[0].kernel == K
-    assert f[0].remedy == f"spark-memsaver build --kernel {K} --force && spark-memsaver install --kernel {K}"
+    # build --force runs only as root (never through the daemon): the remedy says sudo, or it would not work
+    assert f[0].remedy == (f"sudo spark-memsaver build --kernel {K} --force && "
+                           f"sudo spark-memsaver install --kernel {K}")
     # same settings: nothing to say
     _build_record(spark, tier="leaf", tier_value=3, kernels="64k-only")
     assert not [x for x in evaluate(executor.observe_for_plan(Host(spark)), cfg).findings

@@ -45,7 +45,7 @@ class MokNotNeeded(MokError):
 class MokNoKey(MokError):
     code = "mok-no-key"
     remedy = ("Create the signing key first: build once with DKMS (it generates the key pair), or on Ubuntu run "
-              "'update-secureboot-policy --new-key'; or give --cert PATH.")
+              "'sudo update-secureboot-policy --new-key'; or give --cert PATH.")
 
 
 class MokAlreadyEnrolled(MokError):
@@ -55,13 +55,13 @@ class MokAlreadyEnrolled(MokError):
 
 class MokAlreadyPending(MokError):
     code = "mok-already-pending"
-    remedy = ("Reboot with a person at the console and confirm it in MokManager; or run 'spark-memsaver mok "
+    remedy = ("Reboot with a person at the console and confirm it in MokManager; or run 'sudo spark-memsaver mok "
               "cancel' and enroll again to set a new password.")
 
 
 class MokPendingDelete(MokError):
     code = "mok-pending-delete"
-    remedy = "Run 'mokutil --revoke-delete' to keep the key, or reboot to complete the deletion first."
+    remedy = "Run 'sudo mokutil --revoke-delete' to keep the key, or reboot to complete the deletion first."
 
 
 class MokKeyBlocked(MokError):
@@ -84,7 +84,7 @@ class MokutilFailed(MokError):
               "the firmware's variable store is full or write-protected.")
 
 SYSFS_MISSING_REMEDY = ("A system image carries no firmware variables: run 'spark-memsaver mok status' on the "
-                        "booted node itself, or bind-mount its /sys (mount --rbind /sys ROOT/sys) before "
+                        "booted node itself, or bind-mount its /sys (sudo mount --rbind /sys ROOT/sys) before "
                         "inspecting with --root.")
 
 # --- what was read (observe/mok.py fills it) ---------------------------------------------------------
@@ -329,7 +329,7 @@ def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str 
     if not p.vars["MokListRT"].present:
         reason += " (MokListRT is absent: this boot did not go through shim, so MokManager cannot enroll it)"
     return Decision("not-enrolled", reason + ": modules signed with it will not load while Secure Boot is on",
-                    "Run 'spark-memsaver mok enroll' and confirm the key at the console on the next boot.")
+                    "Run 'sudo spark-memsaver mok enroll' and confirm the key at the console on the next boot.")
 
 def require_installable(sb: dict) -> None:
     """Raise SecureBootUnknown when the state is unknown (or missing): installing then would be a guess."""

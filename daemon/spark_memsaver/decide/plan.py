@@ -26,10 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
 from spark_memsaver.decide import policy
+from spark_memsaver.decide.installability import ENROLL, SB_LOADABLE, installability  # noqa: F401
 from spark_memsaver.decide.policy import kernel_in_policy
-
-# Secure Boot states in which a module we sign will load (same as decide.SB_LOADABLE).
-SB_LOADABLE = ("not-needed", "enrolled")
 # Rollback codes after which we do not retry the same driver automatically (would fail again).
 NO_AUTO_RETRY = ("build-failed", "patch-failed", "install-failed")
 from spark_memsaver.decide.apt import DRIVER_VERSION_RE  # noqa: E402,F401
@@ -44,8 +42,9 @@ class Step:
     driver_to: str | None = None
     intent: str | None = None          # id of the intent record this step finishes/undoes
     path: str | None = None
-    code: str | None = None            # rollback code for record-rollback
+    code: str | None = None            # rollback code for record-rollback; why a kernel stays stock
     remedy: str = ""
+    driver: str | None = None          # fetch-source: the driver version whose source is fetched
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v not in (None, "")}
@@ -53,7 +52,7 @@ class Step:
 
 # Actions that change the system (the rest only explain).
 ACTING = ("undo-intent", "finish-intent", "clear-intent", "drop-record", "remove-override",
-          "record-rollback", "clear-rollback", "build-install", "reload-uvm")
+          "record-rollback", "clear-rollback", "fetch-source", "build-install", "reload-uvm")
 INFO = ("ok", "stay-stock", "blocked", "config-changed")
 
 
@@ -74,34 +73,43 @@ def _rollback_for(records: dict, kernel: str) -> dict | None:
     return sorted(found, key=lambda r: str(r.get("time", "")))[-1] if found else None
 
 
-def why_not_build(k: dict, snap: dict, config: Config, support: dict) -> str | None:
-    """None if we can build for kernel ``k`` now; else the reason it stays stock."""
+def stock_reason(k: dict, snap: dict, config: Config, support: dict) -> tuple[str, str, str] | None:
+    """None if the planner may build for kernel ``k`` now; else (reason, code, remedy) it stays stock.
+    The reason, code and remedy are those of the one installability decision (decide/installability.py),
+    so status, install and reconcile say the same; on top of it the automatic path never builds a module
+    that would not load (Secure Boot enforcing, key not trusted yet) and needs dkms on the host."""
     rel = k["release"]
-    ok, why = kernel_in_policy(k, config)
-    nv = (k.get("nvidia_selected") or {}).get("version")
-    drv = base_version(nv)
-    if not drv:
-        none = f"no nvidia.ko is installed for kernel {rel}, so there is no driver to build against"
-        return none if ok else f"{none}; and {why}"
-    if not ok:
-        return why
-    sup = support.get(drv) or {"supported": False, "reason": f"driver {drv} is not in the patch manifest"}
-    if not sup.get("supported"):
-        return sup.get("reason") or f"driver {drv} is not supported by this spark-memsaver release"
-    src = _sources(snap).get(drv)
-    if not src:
-        return f"the NVIDIA open kernel-module source for {drv} (/usr/src/nvidia-*-{drv}) is not installed"
-    if not src.get("open", True):
-        return f"{src.get('path')} is not an open kernel-module tree (no nvidia-uvm/ or Kbuild)"
-    if not k.get("headers"):
-        return f"kernel headers for {rel} are not installed (install linux-headers-{rel})"
-    sb = (snap.get("secure_boot") or {}).get("state", "unknown")
-    if sb not in SB_LOADABLE:
-        return (f"Secure Boot state is '{sb}': a module signed now would not load; "
-                "run 'spark-memsaver mok status'")
+    d = installability(snap, config, support, rel)
+    if d["missing"]:
+        m = d["missing"][0]
+        return m["detail"], m["code"], m["remedy"]
+    if d["then"]:
+        t = d["then"][0]
+        remedy = (f"Install by hand: 'spark-memsaver install --kernel {rel}'; then {ENROLL}."
+                  if t["code"] in ("mok-no-key", "mok-not-enrolled") else t["remedy"])
+        return f"{t['detail']}; automatic builds wait for a trusted key", t["code"], remedy
     if not (snap.get("dkms") or {}).get("available", True):
-        return "dkms is not installed"
+        return "dkms is not installed", "dkms-missing", "sudo apt-get install dkms"
     return None
+
+
+def why_not_build(k: dict, snap: dict, config: Config, support: dict) -> str | None:
+    """None if we can build for kernel ``k`` now; else the reason it stays stock (see :func:`stock_reason`)."""
+    r = stock_reason(k, snap, config, support)
+    return r[0] if r else None
+
+
+def _build_steps(k: dict, snap: dict, config: Config, support: dict, build: Step, fetched: set) -> list[Step]:
+    """``build``, preceded by a fetch-source step when the driver's source must be fetched first (once per
+    driver version in a plan)."""
+    d = installability(snap, config, support, k["release"])
+    f = d.get("fetch") if d.get("needs_fetch") else None
+    if not f or f["driver"] in fetched:
+        return [build]
+    fetched.add(f["driver"])
+    what = " ".join(x for x in (f.get("package"), f.get("deb_version")) if x) or "its source package"
+    return [Step("fetch-source", k["release"], f"the NVIDIA open kernel-module source of {f['driver']} is not on "
+                 f"this host: fetching {what} into the source cache", driver=f["driver"]), build]
 
 
 def _intent_steps(snap: dict, alive_pids: set[int] | None) -> tuple[list[Step], set[str]]:
@@ -156,6 +164,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
     removals: list[Step] = []
     records_out: list[Step] = []
     builds: list[Step] = []
+    fetched: set[str] = set()
     for k in snap.get("kernels", []):
         rel = k["release"]
         if kernels is not None and rel not in kernels:
@@ -175,9 +184,10 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             if changed is None:
                 steps.append(Step("ok", rel, f"our nvidia-uvm for {nv} is selected beside nvidia.ko {nv}",
                                   driver_to=nv))
+            elif changed.action == "build-install":
+                builds.extend(_build_steps(k, snap, config, support, changed, fetched))
             else:
-                (removals if changed.action == "remove-override" else
-                 builds if changed.action == "build-install" else steps).append(changed)
+                (removals if changed.action == "remove-override" else steps).append(changed)
             continue
         removed_reason = None
         if ours and not (built_for and built_for == nv):
@@ -189,33 +199,36 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
                 removed_reason = f"NVIDIA driver changed from {built_for} to {nv}"
             if rel not in undone:
                 removals.append(Step("remove-override", rel, removed_reason, driver_from=built_for, driver_to=nv))
-        why = why_not_build(k, snap, config, support)
+        stock = stock_reason(k, snap, config, support)
+        why, code, remedy = stock if stock else (None, None, "")
         no_retry = False
         if why is None and rb and rb.get("code") in NO_AUTO_RETRY and base_version(rb.get("driver_to")) == nv:
             why = (f"the last build for driver {nv} failed ({rb.get('reason')}); "
                    "run 'spark-memsaver install' to retry")
-            no_retry = True
+            code, remedy, no_retry = rb.get("code"), f"spark-memsaver install --kernel {rel}", True
         if why is None and not rebuild:
-            why = "automatic builds are off (auto_build: false)"
+            why, code, remedy = ("automatic builds are off (auto_build: false)", "auto-build-off",
+                                 f"spark-memsaver install --kernel {rel}")
         if why is None:
-            builds.append(Step("build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
-                               else f"no build of our module for kernel {rel} and driver {nv}",
-                               driver_from=built_for, driver_to=nv))
+            builds.extend(_build_steps(k, snap, config, support, Step(
+                "build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
+                else f"no build of our module for kernel {rel} and driver {nv}", driver_from=built_for,
+                driver_to=nv), fetched))
         elif removed_reason:
             records_out.append(Step("record-rollback", rel, f"{removed_reason}; {why}", driver_from=built_for,
-                                    driver_to=nv, code=_rollback_code(why), remedy=_remedy(why)))
+                                    driver_to=nv, code=_rollback_code(code), remedy=remedy))
         elif rb is not None and not no_retry:
             # Already rolled back (e.g. by the APT pre-hook, before the new driver was unpacked): keep the
             # record, but say why it stays stock *now*, so status gives the real reason.
             frm = base_version(rb.get("driver_from"))
             reason = (f"NVIDIA driver changed from {frm} to {nv}; {why}" if frm and nv and frm != nv else why)
-            if rb.get("reason") != reason:
+            if rb.get("reason") != reason or rb.get("code") != _rollback_code(code):
                 records_out.append(Step("record-rollback", rel, reason, driver_from=frm, driver_to=nv,
-                                        code=_rollback_code(why), remedy=_remedy(why)))
+                                        code=_rollback_code(code), remedy=remedy))
             else:
-                steps.append(Step("stay-stock", rel, why, driver_to=nv))
+                steps.append(Step("stay-stock", rel, why, driver_to=nv, code=code, remedy=remedy))
         else:
-            steps.append(Step("stay-stock", rel, why, driver_to=nv))
+            steps.append(Step("stay-stock", rel, why, driver_to=nv, code=code, remedy=remedy))
     # Loaded modules: a patched UVM loaded beside a different nvidia (only possible if forced by hand).
     uvm = snap.get("uvm") or {}
     loaded_nv = base_version((snap.get("driver") or {}).get("loaded_version"))
@@ -267,26 +280,18 @@ def config_change(k: dict, snap: dict, config: Config, support: dict, rebuild: b
 
 
 def rebuild_command(kernel: str) -> str:
-    return f"spark-memsaver build --kernel {kernel} --force && spark-memsaver install --kernel {kernel}"
+    """build --force runs only as root (it never goes through the daemon): the command says sudo."""
+    return f"sudo spark-memsaver build --kernel {kernel} --force && sudo spark-memsaver install --kernel {kernel}"
 
 
-def _rollback_code(why: str) -> str:
-    if "manifest" in why or "not supported" in why:
-        return "driver-unsupported"
-    if "failed" in why:
-        return "build-failed"
-    return "stock-selected"
+# Rollback record codes (docs/lifecycle.md): the installability code where one decided, else stock-selected.
+ROLLBACK_CODES = ("driver-unsupported", "driver-source-missing", "driver-source-corrupt", "headers-missing",
+                  "nvidia-ko-missing", "kernel-outside-policy", "secure-boot-unknown", "build-failed",
+                  "patch-failed", "install-failed")
 
 
-def _remedy(why: str) -> str:
-    if "manifest" in why or "not supported" in why:
-        return ("Nothing is broken: the stock nvidia-uvm is in use. Update spark-memsaver to a release that "
-                "supports this driver; the patch then comes back by itself.")
-    if "headers" in why:
-        return "Install the kernel headers; the build then happens by itself."
-    if "source" in why:
-        return "Install the NVIDIA open kernel-module source package for this driver."
-    return "Run 'spark-memsaver status' for details."
+def _rollback_code(code: str | None) -> str:
+    return code if code in ROLLBACK_CODES else "stock-selected"
 
 
 def summarize(steps: list[Step]) -> dict:

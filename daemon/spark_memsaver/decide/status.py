@@ -8,6 +8,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import policy
 from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the one policy; old import path)
 from spark_memsaver.decide.hazards import findings_from_inputs
+from spark_memsaver.decide import installability as inst_mod
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")
@@ -80,13 +81,61 @@ def driver_present(snap: dict) -> bool:
     return any((k.get("nvidia_selected") or {}).get("path") for k in snap.get("kernels", []))
 
 
-def evaluate(snap: dict, config: Config) -> Verdict:
+# Missing pieces said by their own sections below (one finding per piece, never two).
+_SAID_ELSEWHERE = ("kernel-outside-policy", "headers-missing", "secure-boot-unknown")
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def install_findings(decision: dict) -> list[Finding]:
+    """One finding per piece the running kernel lacks for an install (decide/installability.py): the same
+    code and remedy an 'install' refused for it gives."""
+    k = decision["kernel"]
+    out = [Finding(m["code"], "warning", _cap(m["detail"]), m["remedy"], k)
+           for m in decision["missing"] if m["code"] not in _SAID_ELSEWHERE]
+    f = decision.get("fetch") if decision.get("needs_fetch") else None
+    if f:
+        what = " ".join(x for x in (f.get("package"), f.get("deb_version")) if x)
+        out.append(Finding("driver-source-fetchable", "info",
+                           f"The NVIDIA open kernel-module source of {f['driver']} is not on this host; APT offers "
+                           f"it ({what}): installing fetches it into /var/cache/spark-memsaver/sources first.",
+                           "Nothing to do: 'spark-memsaver install' (or spark-memsaverd, with auto_build) fetches "
+                           "it.", k))
+    return out
+
+
+def install_advice(decision: dict | None) -> tuple[str, str]:
+    """(message, remedy) of the 'stock' finding: install is recommended only when it would proceed."""
+    if decision is None:
+        return ("The stock nvidia-uvm is selected.",
+                "Nothing runs under this root: run 'spark-memsaver status' on the booted node to see whether "
+                "it can be installed.")
+    if decision["can_install"]:
+        remedy = "Run 'spark-memsaver install' to build and install the packing module"
+        if decision.get("needs_fetch"):
+            remedy += " (it fetches the NVIDIA source first)"
+        for t in decision.get("then") or []:
+            remedy += "; then " + inst_mod.ENROLL if t["code"] in ("mok-no-key", "mok-not-enrolled") \
+                else "; " + t["remedy"][:1].lower() + t["remedy"][1:].rstrip(".")
+        return "The stock nvidia-uvm is selected.", remedy + "."
+    names = ", ".join(m["code"] for m in decision["missing"])
+    return (f"The stock nvidia-uvm is selected; kernel {decision['kernel']} cannot get ours yet ({names}).",
+            f"Nothing is broken: the stock nvidia-uvm is in use. Packing needs what the findings above name "
+            f"first ({names}); each says how.")
+
+
+def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict:
+    """``support``: the manifest's verdict per driver version (act/steps.support_for); None when the caller
+    has not consulted the manifest (the manifest check is then left out of the install advice)."""
     f: list[Finding] = []
     host = snap["host"]
     uvm = snap["uvm"]
     sb = snap.get("secure_boot") or {}
     records = snap.get("records") or {}
     running = _running(snap)
+    decision = inst_mod.installability(snap, config, support, running["release"]) if running else None
 
     # 0. Configuration notes (an old name still read).
     for note in getattr(config, "notes", ()) or ():
@@ -148,15 +197,14 @@ def evaluate(snap: dict, config: Config) -> Verdict:
     if sb_state == "unknown":
         f.append(Finding("secure-boot-unknown", "warning",
                          "Secure Boot / MOK state could not be read: " + (sb.get("reason") or "unknown reason") + ".",
-                         sb.get("remedy") or "Installing is refused until it can be read; run "
-                         "'spark-memsaver mok status' for details."))
+                         inst_mod.secure_boot_unknown_remedy(sb)))
     elif sb_state not in SB_LOADABLE and sb_state:
         why = f" ({sb['reason']})" if sb.get("reason") else ""
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and the signing key is {sb_state.replace('-', ' ')}{why}: "
                          "a module we sign will not load until the key is enrolled.",
-                         sb.get("remedy") or "Run 'spark-memsaver mok enroll' and confirm the key at the console "
-                         "on next boot."))
+                         sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the "
+                         "console on next boot."))
 
     # 5. Policy for the running kernel.
     ours_selected = bool(running and (running.get("uvm_selected") or {}).get("patched"))
@@ -164,15 +212,15 @@ def evaluate(snap: dict, config: Config) -> Verdict:
         ok, why = kernel_in_policy(running, config)
         if not ok and not ours_selected and not (uvm.get("loaded") and uvm.get("patched")):
             f.append(Finding("kernel-outside-policy", "info", why.capitalize() + ".",
-                             "Packing saves memory on 64 KiB kernels; set 'kernels: all' in "
-                             "/etc/spark-memsaver/config.yaml to build for other kernels too."))
+                             inst_mod.policy_remedy(config, why), running["release"]))
             if host.get("page_size") != 65536 and config.kernels == "64k-only":
                 return Verdict("needs-attention" if mismatch else "not-applicable", f)
         if not running.get("headers"):
             f.append(Finding("headers-missing", "warning" if ok else "info",
                              f"Kernel headers for {running['release']} are not installed; nothing can be built for it.",
-                             f"Install the headers package for {running['release']} "
-                             "(e.g. apt install linux-headers-$(uname -r)).", running["release"]))
+                             f"sudo apt-get install linux-headers-{running['release']}", running["release"]))
+        if not ours_selected:
+            f.extend(install_findings(decision))
     for k in snap.get("kernels", []):
         if k.get("running"):
             continue
@@ -180,7 +228,7 @@ def evaluate(snap: dict, config: Config) -> Verdict:
         if ok and not k.get("headers"):
             f.append(Finding("headers-missing", "info",
                              f"Kernel headers for {k['release']} are not installed; it stays stock.",
-                             f"Install linux-headers-{k['release']}.", k["release"]))
+                             f"sudo apt-get install linux-headers-{k['release']}", k["release"]))
 
     if mismatch:
         return Verdict("needs-attention", f)
@@ -231,6 +279,6 @@ def evaluate(snap: dict, config: Config) -> Verdict:
     if any(b.get("built") for r in (snap.get("dkms") or {}).get("registrations", []) for b in r.get("builds", [])):
         return Verdict("built", f)
 
-    f.append(Finding("stock", "info", "The stock nvidia-uvm is selected.",
-                     "Run 'spark-memsaver install' to build and install the packing module."))
+    message, remedy = install_advice(decision)
+    f.append(Finding("stock", "info", message, remedy))
     return Verdict("stock", f)

@@ -72,9 +72,12 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
 
 
 def status(host: Host, config: Config) -> tuple[dict, Verdict]:
-    snap = snapshot(host, config)
+    # the planner's snapshot and manifest verdict (act/installable.observe): status, install and reconcile
+    # decide installability from the same facts (decide/installability.py)
+    from spark_memsaver.act import installable
+    snap, support = installable.observe(host, config)
     snap["identity"] = node_identity(host)
-    verdict = evaluate(snap, config)
+    verdict = evaluate(snap, config, support)
     return build_document(snap, verdict, config), verdict
 
 

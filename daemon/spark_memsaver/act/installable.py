@@ -1,0 +1,66 @@
+"""The installability decision (decide/installability.py) applied to the observed host, for the doors that act.
+
+* :func:`observe` -- the snapshot the planner sees (act/executor.observe_for_plan) and the manifest's verdict
+  for its drivers: what ``status``, ``install`` and ``reconcile`` decide from, so they cannot disagree.
+* :func:`require` -- ``install --kernel K`` refuses before anything is written with the code and remedy that
+  ``status`` shows for the same missing piece (the named error class of that code); when the driver's source
+  can be fetched (decide: ``needs_fetch``) it is fetched first (act/source_fetch.py).
+* :func:`check_kernel` -- the one ``unknown-kernel`` refusal (exit 2) of every command that names a kernel.
+
+Called only from act/executor.py (under its lock); reads only, except the fetch.
+"""
+
+from __future__ import annotations
+
+from spark_memsaver import errors
+from spark_memsaver.config import Config
+from spark_memsaver.decide.installability import installability
+from spark_memsaver.host import Host
+
+
+def observe(host: Host, config: Config) -> tuple[dict, dict]:
+    """(snapshot, support): the planner's snapshot and the manifest verdict of every driver version in it."""
+    from spark_memsaver.act import executor, steps as st
+    snap = executor.observe_for_plan(host, config)
+    return snap, st.support_for(executor._versions_in(snap), st.source_trees(host, snap))
+
+
+def _classes() -> dict:
+    from spark_memsaver.act import dkms_errors as de
+    return {"unknown-kernel": errors.UnknownKernel, "nvidia-ko-missing": de.NoNvidiaDriver,
+            "kernel-outside-policy": de.KernelOutsidePolicy, "driver-unsupported": errors.DriverUnsupported,
+            "driver-source-missing": de.DriverSourceMissing, "driver-source-corrupt": de.DriverSourceCorrupt,
+            "headers-missing": de.HeadersMissing, "secure-boot-unknown": errors.SecureBootUnknown}
+
+
+def refusal(decision: dict) -> errors.MemsaverError:
+    """The named error for the first missing piece: its class, code, detail and the remedy status gives."""
+    first, rest = decision["missing"][0], decision["missing"][1:]
+    cls = _classes().get(first["code"], errors.MemsaverError)
+    msg = f"cannot install for kernel {decision['kernel']}: {first['detail']}"
+    if rest:
+        msg += "; also missing: " + ", ".join(m["what"] for m in rest) + " ('spark-memsaver status' lists each)"
+    err = cls(msg, remedy=first["remedy"], kernel=decision["kernel"], missing=[m["code"] for m in decision["missing"]])
+    err.code = first["code"]
+    return err
+
+
+def require(host: Host, config: Config, kernel: str, progress=None) -> dict:
+    """Refuse (named, with status's code and remedy) unless ``kernel`` can get our module now; fetch the
+    driver's source first when that is what is missing and it can be fetched. Returns the decision."""
+    snap, support = observe(host, config)
+    d = installability(snap, config, support, kernel)
+    if d["missing"]:
+        raise refusal(d)
+    if d["needs_fetch"]:
+        from spark_memsaver.act import source_fetch
+        source_fetch.fetch(host, config, d["fetch"]["driver"], progress=progress)
+    return d
+
+
+def check_kernel(host: Host, kernel: str) -> str:
+    """``kernel`` if /lib/modules/<kernel> exists, else the one unknown-kernel error naming those that do."""
+    if host.path(f"/lib/modules/{kernel}").is_dir():
+        return kernel
+    from spark_memsaver.observe.snapshot import installed_kernels
+    raise errors.unknown_kernel(kernel, sorted(installed_kernels(host)))

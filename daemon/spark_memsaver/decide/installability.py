@@ -1,0 +1,245 @@
+"""The ONE installability decision: can kernel K get our nvidia-uvm now, and if not, what exactly is missing.
+Pure: snapshot + config + the manifest's verdict (``support``) in, a plain dict out; no I/O.
+
+Read by decide/status.py (the recommendation: ``spark-memsaver install`` only when ``can_install``),
+decide/plan.py (why a kernel stays stock; the ``fetch-source`` step), act/installable.py (``install`` refuses
+with the same code and remedy as status) and through them by ``reconcile`` and the daemon.
+
+    installability(snap, config, support, kernel_release) ->
+      {"kernel": K, "can_install": bool, "needs_fetch": bool,     # can_install is True also when needs_fetch
+       "driver": "580.142"|None, "qualification": "compile-verified"|"untested"|None,
+       "fetch": {"driver", "package", "deb_version"}|None,          # what the fetch-source step gets
+       "missing": [{"what", "code", "detail", "remedy"}],          # each one blocks install (can_install False)
+       "then": [{"what": "signing-key", "code", "detail", "remedy"}]}   # install proceeds; needed to load
+
+Checked in this order (each ``what`` with its stable ``code``, the same code the refusal carries):
+  kernel         unknown-kernel          no /lib/modules/K (only this one is reported then)
+  driver         nvidia-ko-missing       no nvidia.ko for K, so no driver version to build against
+  kernel-policy  kernel-outside-policy   decide/policy.py (64k-only, PREEMPT_RT)
+  manifest       driver-unsupported      the driver is not in this release's patch manifest ("untested"
+                                         drivers are installable: the zero-fuzz dry run decides at build time)
+  driver-source  driver-source-missing / driver-source-corrupt: no open tree of exactly that version, and
+                 it cannot be fetched (snap["driver_sources"], observe/sources.py; a missing key is "unknown,
+                 not fetchable"); fetchable -> needs_fetch, not missing
+  headers        headers-missing         linux-headers-K (Debian and Ubuntu name them alike)
+  secure-boot    secure-boot-unknown     installing is refused while the state cannot be read
+  signing-key    mok-<state>             Secure Boot enforcing and our key not trusted yet: install proceeds
+                                         today (it signs, creating the key if needed) and the key must then be
+                                         enrolled; listed under "then", never under "missing"
+Remedies are exact commands that work for the user who reads them (``sudo`` where root is needed).
+"""
+
+from __future__ import annotations
+
+import re
+
+# Secure Boot states in which a module signed by our key loads.
+SB_LOADABLE = ("not-needed", "enrolled")
+
+CODES = {"kernel": "unknown-kernel", "driver": "nvidia-ko-missing", "kernel-policy": "kernel-outside-policy",
+         "manifest": "driver-unsupported", "driver-source": "driver-source-missing", "headers": "headers-missing",
+         "secure-boot": "secure-boot-unknown"}
+
+ENROLL = ("run 'sudo spark-memsaver mok enroll', then confirm the key at the console on the next boot "
+           "(docs/secure-boot.md)")
+
+
+def base_version(v: str | None) -> str | None:
+    """The NVIDIA driver version a module version string names: '550.163.01-spark1' -> '550.163.01'."""
+    if not v:
+        return None
+    return re.split(r"[-+~ ]", v.strip(), maxsplit=1)[0] or None
+
+
+def _branch(driver: str) -> str:
+    return driver.split(".", 1)[0]
+
+
+def _server(snap: dict, branch: str) -> bool:
+    """Ubuntu's server flavour keeps its modules in kernel/nvidia-<branch>srv-open/."""
+    return any(f"/nvidia-{branch}srv" in str((k.get("nvidia_selected") or {}).get("path") or "")
+               for k in snap.get("kernels", []))
+
+
+def _source_package(snap: dict, driver: str) -> str:
+    """The package most likely to carry ``driver``'s open tree here (decide/sources.py's preference order)."""
+    ko = next((str((k.get("nvidia_selected") or {}).get("path") or "") for k in snap.get("kernels", [])
+               if (k.get("nvidia_selected") or {}).get("path")), "")
+    try:
+        from spark_memsaver.decide.sources import source_package
+        cands = source_package(driver, {"nvidia_ko": ko})
+        if cands:
+            return cands[0]["package"]
+    except ImportError:
+        pass
+    br = _branch(driver)
+    return f"nvidia-kernel-source-{br}-server-open" if _server(snap, br) else f"nvidia-kernel-source-{br}-open"
+
+
+def source_search_remedy(snap: dict, driver: str) -> str:
+    """The remedy when no exact package version is known: which package to look for, and how."""
+    pkg = _source_package(snap, driver)
+    return (f"Install the NVIDIA open kernel-module source of exactly {driver}: 'apt-cache policy {pkg}' lists the "
+            f"versions APT knows (run 'sudo apt-get update' first if none begins with {driver}-); install that "
+            f"one with 'sudo apt-get install {pkg}=VERSION' (Debian: 'apt-cache policy nvidia-open-kernel-dkms').")
+
+
+def _driver_remedy(snap: dict, kernel: str, known: str | None) -> str:
+    if not known:
+        return "Install the NVIDIA open driver's kernel modules for this kernel first."
+    br = _branch(known)
+    mods = f"linux-modules-nvidia-{br}{'-server' if _server(snap, br) else ''}-open-{kernel}"
+    return (f"Install the NVIDIA {br} driver's kernel modules for kernel {kernel}: "
+            f"'sudo apt-get install {mods}' (Ubuntu, precompiled), or on Debian "
+            f"'sudo apt-get install linux-headers-{kernel}' (nvidia-open-kernel-dkms then builds nvidia.ko for it).")
+
+
+def _known_driver(snap: dict) -> str | None:
+    """A driver version this host has somewhere (loaded, another kernel's nvidia.ko, a source tree)."""
+    loaded = base_version((snap.get("driver") or {}).get("loaded_version"))
+    if loaded:
+        return loaded
+    for k in snap.get("kernels", []):
+        v = base_version((k.get("nvidia_selected") or {}).get("version"))
+        if v:
+            return v
+    srcs = (snap.get("driver") or {}).get("sources") or []
+    return srcs[0].get("version") if srcs else None
+
+
+def policy_remedy(config, why: str) -> str:
+    if "PREEMPT_RT" in why:
+        return ("Nothing is broken: the stock nvidia-uvm stays in use on this kernel. NVIDIA's modules do not "
+                "build for PREEMPT_RT; boot a kernel without PREEMPT_RT to use packing.")
+    if getattr(config, "kernels", "64k-only") == "64k-only":
+        return ("Packing saves memory on 64 KiB-page arm64 kernels; to build for this one too, set 'kernels: all' "
+                "in /etc/spark-memsaver/config.yaml.")
+    return "Nothing to do: this kernel stays stock."
+
+
+def _missing(what: str, detail: str, remedy: str, code: str | None = None) -> dict:
+    return {"what": what, "code": code or CODES[what], "detail": detail, "remedy": remedy}
+
+
+def _source(snap: dict, config, drv: str) -> tuple[dict | None, dict | None]:
+    """(missing entry or None, fetch description or None) for driver ``drv``'s open tree."""
+    local = next((s for s in (snap.get("driver") or {}).get("sources", []) or [] if s.get("version") == drv), None)
+    ds = snap.get("driver_sources") if isinstance(snap.get("driver_sources"), dict) else {}
+    entry = (ds.get("by_driver") or {}).get(drv) if isinstance(ds.get("by_driver"), dict) else None
+    entry = entry if isinstance(entry, dict) else None
+    if local and local.get("open", True):
+        return None, None
+    if local:
+        pkg = (entry or {}).get("package")
+        ver = (entry or {}).get("deb_version")
+        remedy = (f"Reinstall it: 'sudo apt-get install --reinstall {pkg}={ver}'." if pkg and ver
+                  else source_search_remedy(snap, drv))
+        return _missing("driver-source", f"{local.get('path')} is not an open kernel-module tree (no nvidia-uvm/ "
+                        "or Kbuild)", remedy, code="driver-source-corrupt"), None
+    if entry and entry.get("present") and entry.get("path"):
+        return None, None
+    if entry and entry.get("fetchable"):
+        return None, {"driver": drv, "package": entry.get("package"), "deb_version": entry.get("deb_version")}
+    want = f"the NVIDIA open kernel-module source of {drv} is not installed (no /usr/src/nvidia-{drv})"
+    pkg, ver = (entry or {}).get("package"), (entry or {}).get("deb_version")
+    if entry is None:
+        why = "whether APT can fetch it is not known"
+    elif pkg and ver and entry.get("in_lists"):
+        why = f"{pkg} {ver} is in the APT lists but source_fetch is '{ds.get('mode', 'never')}'"
+    elif pkg and ver:
+        why = f"{pkg} {ver} is not in the APT lists"
+    else:
+        why = f"no package of the APT lists carries {drv}'s source"
+    remedy = entry.get("remedy") if entry and entry.get("remedy") else source_search_remedy(snap, drv)
+    return _missing("driver-source", f"{want}; {why}", remedy), None
+
+
+def installability(snap: dict, config, support: dict | None, kernel_release: str) -> dict:
+    """Can ``kernel_release`` get our module now (see the module docstring)."""
+    from spark_memsaver.decide.policy import kernel_in_policy
+    out = {"kernel": kernel_release, "can_install": False, "needs_fetch": False, "driver": None,
+           "qualification": None, "fetch": None, "missing": [], "then": []}
+    kernels = {k.get("release"): k for k in snap.get("kernels", [])}
+    k = kernels.get(kernel_release)
+    if k is None:
+        names = ", ".join(sorted(r for r in kernels if r)) or "none"
+        out["missing"].append(_missing(
+            "kernel", f"kernel {kernel_release} is not installed (no /lib/modules/{kernel_release}); installed "
+            f"kernels: {names}", unknown_kernel_remedy(sorted(r for r in kernels if r))))
+        return out
+    miss = out["missing"]
+    nvsel = k.get("nvidia_selected") or {}
+    drv = base_version(nvsel.get("version"))
+    out["driver"] = drv
+    if not drv:
+        err = f" (the selection cannot be read: {nvsel['error']})" if nvsel.get("error") else ""
+        miss.append(_missing("driver", f"no nvidia.ko is installed for kernel {kernel_release}{err}, so there is "
+                             "no driver to build against", _driver_remedy(snap, kernel_release, _known_driver(snap))))
+    ok, why = kernel_in_policy(k, config)
+    if not ok:
+        miss.append(_missing("kernel-policy", why, policy_remedy(config, why)))
+    if drv:
+        # support None: the manifest was not consulted (a caller without it); the other checks still apply
+        sup = {"supported": True} if support is None else (
+            support.get(drv) or {"supported": False, "reason": f"driver {drv} is not in the patch manifest"})
+        if not sup.get("supported"):
+            miss.append(_missing(
+                "manifest", sup.get("reason") or f"driver {drv} is not supported by this spark-memsaver release",
+                "Nothing is broken: the stock nvidia-uvm is in use. Update spark-memsaver to a release that "
+                f"supports NVIDIA {drv} ('spark-memsaver patch list' shows the versions this one knows); the "
+                "patch then comes back by itself."))
+        else:
+            out["qualification"] = sup.get("qualification")
+            m, fetch = _source(snap, config, drv)
+            if m:
+                miss.append(m)
+            out["fetch"] = fetch
+            out["needs_fetch"] = fetch is not None
+    if not k.get("headers"):
+        miss.append(_missing("headers", f"kernel headers for {kernel_release} are not installed "
+                             f"(/lib/modules/{kernel_release}/build)",
+                             f"sudo apt-get install linux-headers-{kernel_release}"))
+    sb = snap.get("secure_boot") or {}
+    state = sb.get("state") or "unknown"
+    if state == "unknown":
+        miss.append(_missing("secure-boot", "Secure Boot / MOK state is unknown: "
+                             + (sb.get("reason") or "it was not observed") + "; a module installed now might not load",
+                             secure_boot_unknown_remedy(sb)))
+    elif state not in SB_LOADABLE:
+        out["then"].append({"what": "signing-key", "code": f"mok-{state}",
+                            "detail": f"Secure Boot is enforcing and the signing key is {state.replace('-', ' ')}"
+                                      + (f" ({sb['reason']})" if sb.get("reason") else "")
+                                      + ": the module will not load until the key is trusted",
+                            "remedy": signing_remedy(sb)})
+    out["can_install"] = not miss
+    if miss:
+        out["needs_fetch"], out["fetch"] = False, None
+    return out
+
+
+def signing_remedy(sb: dict) -> str:
+    """What to do about a signing key that is not trusted at boot yet (the MOK verdict's own remedy where
+    it names one for the state; enrollment otherwise)."""
+    state = sb.get("state")
+    if state in ("no-key", "not-enrolled"):
+        return "After installing (it signs the module, creating the key if there is none), " + ENROLL + "."
+    return sb.get("remedy") or ("R" + ENROLL[1:] + ".")
+
+
+def secure_boot_unknown_remedy(sb: dict) -> str:
+    """The MOK verdict's remedy for an unreadable state (it names the cause's fix), else the generic one."""
+    if sb.get("remedy"):
+        return sb["remedy"]
+    from spark_memsaver.errors import SecureBootUnknown
+    return "Installing is refused until the state can be read. " + SecureBootUnknown.remedy
+
+
+def unknown_kernel_remedy(installed: list[str]) -> str:
+    if not installed:
+        return "No kernel is installed under this root (no /lib/modules/*): install one, or check --root."
+    return ("Name an installed kernel with --kernel: " + ", ".join(installed)
+            + " ('spark-memsaver status' lists them).")
+
+
+def first_missing(decision: dict) -> dict | None:
+    return (decision.get("missing") or [None])[0]
