@@ -92,7 +92,7 @@ class SafetyRefusal(MemsaverError):
 
 class SecureBootUnknown(SafetyRefusal):
     code = "secure-boot-unknown"
-    remedy = ("Check that efivarfs is mounted (mount -t efivarfs efivarfs /sys/firmware/efi/efivars) and "
+    remedy = ("Check that efivarfs is mounted (sudo mount -t efivarfs efivarfs /sys/firmware/efi/efivars) and "
               "readable; run 'spark-memsaver mok status' for the reason.")
 
 
