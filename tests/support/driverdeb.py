@@ -18,7 +18,9 @@ as driver packages do. The package name matches reconcile.DRIVER_PACKAGE_RE like
 from uvm_patch/manifest.yaml. Its tree says 555.58.99 (Kbuild's NV_VERSION_STRING and friends) and the
 two stock modules carry ``version=555.58.99`` (the ``.modinfo`` string rewritten in place, same length;
 code, CRCs and srcversion untouched). It stands in for a future NVIDIA release this spark-memsaver does not
-know; only its version string differs from a real one.
+know. Its tree also differs from 555.58.02's in one byte of ``nvidia-uvm/uvm_mmu.c``'s licence header: a tree
+whose hooked files are identical to a compile-verified one inherits that qualification by content (issue 14
+item 3, act/patch.qualify), so a version string alone no longer makes a release unknown.
 
 API: ``driver_deb(version, kernel=None) -> Path`` (version in :data:`VERSIONS`);
      ``deb_version(version) -> str``.
@@ -52,6 +54,20 @@ UNSUPPORTED = "555.58.99"
 _BASE = {"550.163.01": "550.163.01", "555.58.02": "555.58.02", UNSUPPORTED: "555.58.02"}
 VERSIONS = tuple(_BASE)
 _READY = ".ready"
+_STAMP = {UNSUPPORTED: "ok drifted\n"}   # a cached package of an older recipe is rebuilt
+
+
+def _ready(deb: Path, version: str) -> bool:
+    stamp = Path(f"{deb}{_READY}")
+    return deb.exists() and stamp.exists() and stamp.read_text() == _STAMP.get(version, "ok\n")
+
+
+def _drift_hooked(tree: Path) -> None:
+    mmu = tree / "nvidia-uvm/uvm_mmu.c"
+    data = mmu.read_bytes()
+    if not data.startswith(b"/*"):
+        raise DriverDebError(f"{mmu}: expected a licence comment at the top")
+    mmu.write_bytes(b"/*" + (b"#" if data[2:3] != b"#" else b"*") + data[3:])
 
 
 class DriverDebError(RuntimeError):
@@ -97,10 +113,10 @@ def driver_deb(version: str, kernel: str | None = None) -> Path:
     kernel = kernel or nvsrc.x86_headers()[0]
     out_dir = nvsrc.cache_dir() / "driverdeb" / kernel
     deb = out_dir / f"{PACKAGE}_{deb_version(version)}_amd64.deb"
-    if deb.exists() and Path(f"{deb}{_READY}").exists():
+    if _ready(deb, version):
         return deb
     with _locked(f"driverdeb-{version}-{kernel}"):
-        if deb.exists() and Path(f"{deb}{_READY}").exists():
+        if _ready(deb, version):
             return deb
         built = stockdriver.build_stock(base, kernel)           # real nvidia.ko + nvidia-uvm.ko (cached)
         src = nvsrc.nvidia_source(base)
@@ -119,6 +135,8 @@ def driver_deb(version: str, kernel: str | None = None) -> Path:
                     raise DriverDebError(f"{sdir}: no version string {base} found to rewrite")
                 for name in ("nvidia.ko", "nvidia-uvm.ko"):
                     _reversion_ko(mdir / name, base, version)
+            if version == UNSUPPORTED:
+                _drift_hooked(sdir)
             dbg = pkg / "DEBIAN"
             dbg.mkdir()
             (dbg / "control").write_text(
@@ -132,7 +150,7 @@ def driver_deb(version: str, kernel: str | None = None) -> Path:
                 os.chmod(dbg / script, 0o755)
             subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(pkg), str(deb)],
                            check=True, capture_output=True)
-            Path(f"{deb}{_READY}").write_text("ok\n")
+            Path(f"{deb}{_READY}").write_text(_STAMP.get(version, "ok\n"))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return deb

@@ -210,6 +210,57 @@ def qualify(tree: Path | None, driver_version: str, manifest: Manifest | None = 
             **qual.decide(driver_version, entry, kind, hashes, manifest.entries, nearest_branch=branch)}
 
 
+def support(version: str, tree: Path | None = None, manifest: Manifest | None = None) -> dict:
+    """The daemon's manifest verdict for one driver (act/steps.support_for): ``{"supported", "reason" (when
+    not), "branch", "qualification", "by", "inherited_from", "drifted", "compared_with"}``. Supported = the
+    manifest lists the version (exact or range; the dry run decides at build time) or, with its tree, the hooked
+    files are those of a compile-verified tree of the nearest branch (compile-verified by content). An unlisted
+    version judged without its tree also has ``content_unchecked: True`` when its source could still qualify it
+    by content (fetch the source, then ask again)."""
+    manifest = manifest or load_manifest()
+    q = qualify(tree, version, manifest)
+    keys = {k: q[k] for k in ("branch", "qualification", "by", "inherited_from", "drifted", "compared_with")}
+    if q["match"] != "nearest":
+        return {"supported": True, **keys}
+    why = f"NVIDIA driver {version} is not in this release's patch manifest"
+    if q["compared_with"]:
+        why += (f", and its hooked files differ from the compile-verified {q['compared_with']} tree "
+                f"({', '.join(q['drifted'])})")
+    # no tree to judge by content: its source (once fetched) may still qualify it by content
+    unchecked = tree is None and any(e.branch == q["branch"] and e.hooked_files for e in manifest.entries)
+    return {"supported": False, "reason": why, **keys, "content_unchecked": unchecked}
+
+
+def support_for(versions, trees: dict | None = None) -> dict:
+    """support() for each version (act/steps.support_for, the planner's and installability's input); trees:
+    {version: path of its NVIDIA tree} (source_trees()). No manifest = nothing supported, with the reason."""
+    try:
+        manifest = load_manifest()
+    except Exception as e:
+        return {v: {"supported": False, "reason": f"patch manifest unavailable: {e}"} for v in versions if v}
+    out = {}
+    for v in versions:
+        if not v:
+            continue
+        try:
+            try:
+                out[v] = support(v, (trees or {}).get(v), manifest)
+            except OSError:   # an unreadable tree: judged by its version alone
+                out[v] = support(v, None, manifest)
+        except Exception as e:
+            out[v] = {"supported": False, "reason": f"NVIDIA driver {v} is not in this release's patch manifest ({e})"}
+    return out
+
+
+def source_trees(host, snap: dict) -> dict:
+    """{driver version: host path of its open NVIDIA tree} from the snapshot's driver sources (first one wins)."""
+    out = {}
+    for s in (snap.get("driver") or {}).get("sources", []):
+        if s.get("version") and s.get("path") and s.get("open", True) and s["version"] not in out:
+            out[s["version"]] = host.path(s["path"])
+    return out
+
+
 def check_source(source: Path, *, allow_untested: bool = False, manifest: Manifest | None = None,
                  runner: Runner | None = None) -> dict:
     """Steps 1, 3 and 4 (no copy): version, selection and dry run. Returns a JSON-able dict or raises."""

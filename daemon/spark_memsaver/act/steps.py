@@ -85,27 +85,16 @@ def remove(host: Host, config: Config, kernel: str | None, progress) -> dict:
     return res
 
 
-def support_for(versions) -> dict:
-    """Manifest verdict per driver version: {version: {"supported": bool, "reason": str}}."""
-    out = {}
-    try:
-        from spark_memsaver.act import patch as uvm_patch
-        manifest = uvm_patch.load_manifest()
-    except Exception as e:  # no manifest = nothing supported, with the reason
-        return {v: {"supported": False, "reason": f"patch manifest unavailable: {e}"} for v in versions if v}
-    for v in versions:
-        if not v:
-            continue
-        try:
-            sel, err = uvm_patch.select(manifest, v), None
-        except Exception as e:
-            sel, err = None, e
-        if sel is None:
-            out[v] = {"supported": False, "reason": f"NVIDIA driver {v} is not in this release's patch manifest"
-                      + (f" ({err})" if err else "")}
-        else:
-            out[v] = {"supported": True, "branch": sel.branch, "qualification": sel.qualification}
-    return out
+def support_for(versions, trees: dict | None = None) -> dict:
+    """Manifest verdict per driver version: {version: {"supported": bool, "reason": str, "qualification": ...}};
+    with trees ({version: host path}, source_trees()) by content too (act/patch.support_for)."""
+    from spark_memsaver.act import patch as uvm_patch
+    return uvm_patch.support_for(versions, trees)
+
+
+def source_trees(host: Host, snap: dict) -> dict:
+    from spark_memsaver.act import patch as uvm_patch
+    return uvm_patch.source_trees(host, snap)
 
 
 STOCK_DIR = paths.STOCK_DIR   # host/paths.py is the one list

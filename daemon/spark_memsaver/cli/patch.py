@@ -56,22 +56,54 @@ def check_cmd(source, allow_untested, as_json):
     r = check_source(source, allow_untested=allow_untested)
     r.pop("_selection", None)
     _print(r, as_json, [f"NVIDIA {r['version']}: {r['branch']} patch ({r['match']} match, "
-                        f"{r['qualification']}) applies cleanly"])
+                        f"{_qualified(r)}) applies cleanly"] + _drift_lines(r))
     return 0
+
+
+def _qualified(r: dict) -> str:
+    """'compile-verified by content (inherited from 580.142)' / 'untested' / 'compile-verified'."""
+    text = r["qualification"]
+    if r.get("inherited_from"):
+        text += f" by content (hooked files identical to {r['inherited_from']}'s)"
+    elif r.get("by") == "content":
+        text += " by content"
+    return text
+
+
+def _drift_lines(r: dict) -> list[str]:
+    if not r.get("drifted"):
+        return []
+    return [f"hooked files that differ from the compile-verified {r['compared_with']} tree: "
+            + ", ".join(r["drifted"]),
+            "warning: this tree is not the one that was compiled: UNTESTED (the zero-fuzz dry run decides)"]
 
 
 @patch_group.command("list")
 @click.option("--json", "as_json", is_flag=True)
 def list_cmd(as_json):
-    """Driver versions the manifest knows, with their branch and qualification."""
+    """Driver versions the manifest knows: branch, qualification, verified_on, recorded content hashes."""
     m = load_manifest()
     rows = []
     for e in m.entries:
         what = ", ".join(e.versions) if e.versions else f">={e.range_min or '0'} <{e.range_below or 'inf'}"
+        # the compile-verified trees of this branch a tree may inherit from by content (identical hooked files)
+        donors = sorted({v for d in m.entries if d.branch == e.branch and d.qualification == "compile-verified"
+                         for v in d.hooked_files}, key=lambda v: tuple(map(int, v.split("."))))
         rows.append({"versions": e.versions, "range": [e.range_min, e.range_below] if not e.versions else None,
                      "branch": e.branch, "qualification": e.qualification, "verified_on": e.verified_on,
-                     "_what": what})
-    _print({"drivers": [{k: v for k, v in r.items() if k != "_what"} for r in rows]}, as_json,
-           [f"{r['_what']:<40} {r['branch']:<6} {r['qualification']}"
-            + (f" ({'; '.join(r['verified_on'])})" if r["verified_on"] else "") for r in rows])
+                     "hashes_recorded": sorted(e.hooked_files, key=lambda v: tuple(map(int, v.split(".")))),
+                     "hashes_missing": [v for v in e.versions
+                                        if e.qualification == "compile-verified" and v not in e.hooked_files],
+                     "hooked_files": e.hooked_files, "inherits_by_content_from": donors, "_what": what})
+    lines = []
+    for r in rows:
+        lines.append(f"{r['_what']:<40} {r['branch']:<6} {r['qualification']}"
+                     + (f" ({'; '.join(r['verified_on'])})" if r["verified_on"] else ""))
+        if r["qualification"] == "compile-verified":
+            lines.append(f"{'':<40} content hashes: " + (", ".join(r["hashes_recorded"]) or "none")
+                         + (f"; MISSING for {', '.join(r['hashes_missing'])}" if r["hashes_missing"] else ""))
+        elif r["inherits_by_content_from"]:
+            lines.append(f"{'':<40} compile-verified by content where the hooked files are identical to "
+                         + ", ".join(r["inherits_by_content_from"]) + "'s")
+    _print({"drivers": [{k: v for k, v in r.items() if k != "_what"} for r in rows]}, as_json, lines)
     return 0

@@ -1,0 +1,308 @@
+"""Qualification by content (issue 14 item 3): the manifest records the sha256 of every file the hook patch
+touches per compile-verified tree; a tree with identical hooked files inherits that qualification (and says from
+which version), a drifted one is untested.
+
+- The manifest's own consistency is always checked (every compile-verified version has a hash for exactly the
+  files its branch's patch touches; uvm_patch/gen-hashes writes the committed text byte for byte).
+- The hashes are re-derived from the real trees: Debian's nvidia-open-kernel-dkms 535/550/555 (CI reaches them;
+  failing to fetch is a failure) and the GitHub tags (580/590/595) where a session cached them (CI cannot).
+- Real trees relabelled as tests/support/driverdeb.py does (the version strings only): 580.142 as 580.178.04
+  (the DGX Spark's driver; cached tag, else skipped) and Debian's 555.58.02 / 550.163.01 (always), each also with
+  one byte of uvm_mmu.c changed.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from spark_memsaver.act import patch as up
+from spark_memsaver.act import steps as st
+from spark_memsaver.decide import qualification as qual
+from spark_memsaver.host import Host
+from tests.support import driverdeb, nvsrc
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = up.load_manifest(REPO / "uvm_patch")
+VERIFIED = [(v, e) for e in MANIFEST.entries if e.qualification == "compile-verified" for v in e.versions]
+MMU = "nvidia-uvm/uvm_mmu.c"
+# what check_source reads: the layout check, the version, the three hooked files
+FILES = ["Kbuild", "Makefile", "conftest.sh", "dkms.conf", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
+         "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild"]
+
+
+def _tree_or_skip(version: str) -> Path:
+    try:
+        return nvsrc.nvidia_source(version)
+    except nvsrc.SourceUnavailable as e:
+        if version in nvsrc.DEBIAN_VERSIONS:
+            raise  # CI can get these
+        pytest.skip(f"{version} (a GitHub tag, not in Debian's archive) is not cached here: {e}")
+
+
+def _relabelled(version: str, new: str, dest: Path, whole: bool = False) -> Path:
+    """A copy of `version`'s real tree (whole, or the files check_source reads) with driverdeb's re-versioning."""
+    src = _tree_or_skip(version)
+    if whole:
+        shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns("*.o_binary"))
+    else:
+        for f in FILES:
+            if (src / f).exists():
+                (dest / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / f, dest / f)
+        (dest / "common/inc").mkdir(parents=True)
+    if new != version:
+        assert driverdeb._reversion_tree(dest, version, new)
+    assert up.read_tree_version(dest) == new
+    return dest
+
+
+def _one_byte(tree: Path, rel: str = MMU) -> None:
+    """Change one byte of the licence header (far from every hunk: the zero-fuzz dry run stays clean)."""
+    p = tree / rel
+    data = p.read_bytes()
+    assert data.startswith(b"/*")
+    p.write_bytes(b"/*#" + data[3:])
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    return subprocess.run([sys.executable, "-m", "spark_memsaver", "patch", *args], capture_output=True,
+                          text=True, env=env)
+
+
+# ------------------------------------------------------------------------------------------------
+# The manifest (always)
+
+def test_every_verified_version_records_every_hooked_file():
+    assert VERIFIED
+    for v, e in VERIFIED:
+        paths = MANIFEST.hooked_paths(e.branch)
+        # the patch's +++ lines: the three UVM files; the pool files are copied in, not hooked
+        assert paths == ["nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h"]
+        assert not {f.name for f in MANIFEST.pool_files} & {Path(p).name for p in paths}
+        assert v in e.hooked_files, f"{v}: no hooked_files recorded (run uvm_patch/gen-hashes --write)"
+        assert sorted(e.hooked_files[v]) == paths, v
+        assert all(len(h) == 64 and int(h, 16) >= 0 for h in e.hooked_files[v].values()), v
+    for e in MANIFEST.entries:
+        if e.qualification != "compile-verified":
+            assert not e.hooked_files
+
+
+def test_hooked_paths_reads_plus_lines():
+    diff = "--- a/x/one.c\n+++ b/x/one.c\t2026-01-01\n@@ -1 +1 @@\n-a\n+b\n--- /dev/null\n+++ b/new.c\n"
+    assert qual.hooked_paths(diff) == ["new.c", "x/one.c"]
+
+
+def _gen_hashes():
+    loader = importlib.machinery.SourceFileLoader("gen_hashes", str(REPO / "uvm_patch/gen-hashes"))
+    spec = importlib.util.spec_from_loader("gen_hashes", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def test_committed_manifest_is_the_generators_text():
+    """gen-hashes --write of the recorded hashes gives the committed file byte for byte (format, placement)."""
+    gen = _gen_hashes()
+    text = (REPO / "uvm_patch/manifest.yaml").read_text()
+    recorded = {v: e.hooked_files[v] for v, e in VERIFIED}
+    assert gen.render(text, recorded) == text
+    stripped = "\n".join(l for l in text.split("\n") if not l.startswith(("    hooked_files:", "      ")))
+    assert gen.render(stripped, recorded) == text
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    root = tmp_path / "uvm_patch"
+    shutil.copytree(REPO / "uvm_patch", root, ignore=shutil.ignore_patterns("*.log"))
+    doc = yaml.safe_load((root / "manifest.yaml").read_text())
+    edit(doc)
+    (root / "manifest.yaml").write_text(yaml.safe_dump(doc))
+    return root
+
+
+def _r550(d):
+    return next(e for e in d["drivers"] if e.get("versions") == ["550.163.01"])
+
+
+@pytest.mark.parametrize("bad", ["missing-file", "extra-file", "not-a-sha", "unknown-version", "on-untested"])
+def test_malformed_hooked_files_are_refused(tmp_path, bad):
+    def edit(d):
+        files = _r550(d)["hooked_files"]["550.163.01"]
+        if bad == "missing-file":
+            files.pop(MMU)
+        elif bad == "extra-file":
+            files["nvidia-uvm/uvm_pt_pack.c"] = "0" * 64
+        elif bad == "not-a-sha":
+            files[MMU] = "61dcbb18"
+        elif bad == "unknown-version":
+            _r550(d)["hooked_files"]["550.163.02"] = dict(files)
+        else:
+            d["drivers"][-1]["hooked_files"] = {"580.0": {}}
+    root = _edited(tmp_path, edit)
+    with pytest.raises(up.ManifestInvalid):
+        up.load_manifest(root)
+
+
+# ------------------------------------------------------------------------------------------------
+# The pure decision
+
+def _entry(branch, q, versions=(), hooked=None):
+    return SimpleNamespace(branch=branch, qualification=q, versions=list(versions), verified_on=["k"] if q ==
+                           "compile-verified" else [], hooked_files=hooked or {})
+
+
+A = {"f.c": "a" * 64, "f.h": "b" * 64}
+B = {"f.c": "c" * 64, "f.h": "b" * 64}
+D = {"f.c": "d" * 64, "f.h": "e" * 64}      # only the other branch's verified tree has these bytes
+
+
+@pytest.mark.parametrize("case, version, match, hashes, want", [
+    ("exact-identical", "1.2", "exact", A, ("compile-verified", "version", None, [])),
+    ("exact-no-tree", "1.2", "exact", None, ("compile-verified", "version", None, [])),
+    ("exact-drifted", "1.2", "exact", {**A, "f.c": "0" * 64}, ("untested", "content", None, ["f.c"])),
+    ("exact-file-missing", "1.2", "exact", {**A, "f.h": None}, ("untested", "content", None, ["f.h"])),
+    ("range-identical-nearest-donor", "1.9", "range", B, ("compile-verified", "content", "1.5", [])),
+    ("range-drifted", "1.9", "range", {**B, "f.h": "0" * 64}, ("untested", "version", None, ["f.h"])),
+    ("range-no-tree", "1.9", "range", None, ("untested", "version", None, [])),
+    ("unlisted-identical", "1.1", None, A, ("compile-verified", "content", "1.2", [])),
+    ("unlisted-drifted", "1.1", None, {**A, "f.c": "0" * 64}, ("untested", "version", None, ["f.c"])),
+    ("other-branchs-bytes", "1.9", "range", D, ("untested", "version", None, ["f.c", "f.h"])),
+])
+def test_decide(case, version, match, hashes, want):
+    verified = _entry("r1", "compile-verified", ["1.2", "1.4", "1.5"], {"1.2": A, "1.4": B, "1.5": B})
+    rng = _entry("r1", "untested")
+    other = _entry("r2", "compile-verified", ["2.0"], {"2.0": D})     # other branch: never a donor
+    entry = {"exact": verified, "range": rng, None: None}[match]
+    got = qual.decide(version, entry, match, hashes, [verified, rng, other], nearest_branch="r1")
+    assert (got["qualification"], got["by"], got["inherited_from"], got["drifted"]) == want, got
+    assert got["branch"] == "r1"
+    if got["qualification"] == "compile-verified":
+        assert got["verified_on"] == ["k"]
+    else:
+        assert got["verified_on"] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Real trees
+
+@pytest.mark.parametrize("version", [v for v, _ in VERIFIED])
+def test_recorded_hashes_rederived_from_the_real_tree(version):
+    tree = _tree_or_skip(version)
+    e = dict(VERIFIED)[version]
+    assert up.tree_hashes(tree, MANIFEST.hooked_paths(e.branch)) == e.hooked_files[version]
+    q = up.qualify(tree, version)
+    assert (q["qualification"], q["by"], q["drifted"], q["hashes_recorded"]) == ("compile-verified", "version", [],
+                                                                                   True)
+
+
+def test_580_142_relabelled_580_178_04_is_compile_verified_by_content(tmp_path):
+    """The DGX Spark's driver: 580.178.04 falls in the r580 range (untested by version); 580.142's tree relabelled
+    580.178.04 has 580.142's hooked files, so it inherits compile-verified from it."""
+    tree = _relabelled("580.142", "580.178.04", tmp_path / "nvidia-580.178.04", whole=True)
+    p = _cli("check", "--source", str(tree), "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(p.stdout)
+    assert (r["version"], r["match"], r["branch"], r["dry_run"]) == ("580.178.04", "range", "r580", "clean")
+    assert (r["qualification"], r["by"], r["inherited_from"], r["drifted"]) == ("compile-verified", "content",
+                                                                                "580.142", [])
+    assert r["verified_on"] == dict(VERIFIED)["580.142"].verified_on
+    p = _cli("check", "--source", str(tree))
+    assert "compile-verified by content (hooked files identical to 580.142's)" in p.stdout, p.stdout
+
+    _one_byte(tree)
+    p = _cli("check", "--source", str(tree), "--json")
+    assert p.returncode == 0, p.stdout + p.stderr      # still clean with zero fuzz: the dry run decides
+    r = json.loads(p.stdout)
+    assert (r["qualification"], r["inherited_from"], r["drifted"], r["compared_with"]) == ("untested", None,
+                                                                                           [MMU], "580.142")
+    assert r["verified_on"] == []
+    assert "UNTESTED" in _cli("check", "--source", str(tree)).stdout
+
+
+def test_unlisted_version_with_identical_hooked_files_is_accepted_by_content(tmp_path):
+    """555.58.99 (Debian's 555.58.02 relabelled; no entry, no range) inherits compile-verified from 555.58.02 and
+    is applied without --allow-untested; with one byte of uvm_mmu.c changed it is refused as before."""
+    tree = _relabelled("555.58.02", "555.58.99", tmp_path / "src")
+    r = up.check_source(tree)
+    assert (r["match"], r["qualification"], r["by"], r["inherited_from"]) == ("content", "compile-verified",
+                                                                              "content", "555.58.02")
+    out = tmp_path / "out"
+    out.mkdir()
+    m = up.apply_patch(tree, out / "p")
+    marker = json.loads((out / "p" / up.MARKER).read_text())
+    assert (marker["qualification"], marker["by"], marker["inherited_from"]) == ("compile-verified", "content",
+                                                                                 "555.58.02")
+    assert m["match"] == "content"
+
+    _one_byte(tree)
+    with pytest.raises(up.UnknownDriverVersion) as ei:
+        up.check_source(tree)
+    assert ei.value.details["drifted"] == [MMU] and ei.value.details["compared_with"] == "555.58.02"
+    p = _cli("check", "--source", str(tree), "--json")
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "unknown-driver-version"
+    p = _cli("check", "--source", str(tree), "--allow-untested", "--json")
+    r = json.loads(p.stdout)
+    assert (r["match"], r["qualification"], r["drifted"]) == ("nearest", "untested", [MMU])
+
+
+def test_listed_version_with_changed_content_is_not_compile_verified(tmp_path):
+    """A tree labelled 550.163.01 (an exact compile-verified entry) whose uvm_mmu.h differs is not what was
+    compiled: untested, by content, drifted names the file (the dry run still decides)."""
+    tree = _relabelled("550.163.01", "550.163.01", tmp_path / "src")
+    assert up.check_source(tree)["qualification"] == "compile-verified"
+    _one_byte(tree, "nvidia-uvm/uvm_mmu.h")
+    r = up.check_source(tree)
+    assert (r["match"], r["qualification"], r["by"], r["drifted"]) == ("exact", "untested", "content",
+                                                                       ["nvidia-uvm/uvm_mmu.h"])
+    assert r["verified_on"] == []
+
+
+def test_daemon_support_reads_the_trees_in_the_snapshot(tmp_path):
+    """support_for (act/steps.py's, the planner's and installability's verdict) with the snapshot's trees:
+    550.163.02 = 550.163.01's files relabelled -> supported, compile-verified by content; 555.58.99 with a drifted
+    uvm_mmu.c -> not supported, the reason names the manifest (decide/plan maps that to driver-unsupported)."""
+    root = tmp_path / "root"
+    _relabelled("550.163.01", "550.163.02", root / "usr/src/nvidia-550.163.02")
+    _one_byte(_relabelled("555.58.02", "555.58.99", root / "usr/src/nvidia-555.58.99"))
+    host = Host(root=str(root))
+    snap = {"driver": {"sources": [{"version": "550.163.02", "path": "/usr/src/nvidia-550.163.02", "open": True},
+                                   {"version": "555.58.99", "path": "/usr/src/nvidia-555.58.99", "open": True}]}}
+    trees = up.source_trees(host, snap)
+    assert set(trees) == {"550.163.02", "555.58.99"}
+    sup = up.support_for(["550.163.02", "555.58.99", "580.178.04"], trees)
+    assert sup["550.163.02"]["supported"] is True
+    assert (sup["550.163.02"]["qualification"], sup["550.163.02"]["inherited_from"]) == ("compile-verified",
+                                                                                         "550.163.01")
+    assert sup["555.58.99"]["supported"] is False
+    assert "not in this release's patch manifest" in sup["555.58.99"]["reason"] and MMU in sup["555.58.99"]["reason"]
+    # no tree: by version, as before
+    assert (sup["580.178.04"]["supported"], sup["580.178.04"]["qualification"]) == (True, "untested")
+    no_tree = st.support_for(["550.163.02"])["550.163.02"]
+    assert no_tree["supported"] is False and no_tree["content_unchecked"] is True
+    assert sup["555.58.99"]["content_unchecked"] is False
+    # the planner's and installability's entry (act/steps.py, called by act/executor.py and act/installable.py)
+    assert st.support_for(["550.163.02"], st.source_trees(host, snap)) == {"550.163.02": sup["550.163.02"]}
+
+
+def test_patch_list_shows_hashes_and_inheritance():
+    p = _cli("list", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["drivers"]
+    r580 = next(r for r in rows if r["versions"] == ["580.95.05", "580.105.08", "580.142"])
+    assert r580["hashes_recorded"] == ["580.95.05", "580.105.08", "580.142"] and r580["hashes_missing"] == []
+    rng = next(r for r in rows if r["range"])
+    assert rng["qualification"] == "untested" and "580.142" in rng["inherits_by_content_from"]
+    text = _cli("list").stdout
+    assert "content hashes: 580.95.05, 580.105.08, 580.142" in text
+    assert "compile-verified by content where the hooked files are identical to" in text
