@@ -235,7 +235,18 @@ def test_removal_of_an_old_kernels_packages_removes_its_override_only(node, tmp_
 
 # --- 4. Debian-style driver-wide packages ------------------------------------------------------------
 
+def debian_shaped(root: Path) -> Path:
+    """Each kernel's nvidia.ko built by DKMS from nvidia-open-kernel-dkms (updates/dkms/), as on Debian."""
+    for k in (K1, K2):
+        src = root / f"lib/modules/{k}/kernel/nvidia-580-open/nvidia.ko"
+        src.rename(root / f"lib/modules/{k}/updates/dkms/nvidia.ko")
+        subprocess.run(["depmod", "-b", str(root), k], check=True, capture_output=True)
+        assert modules.read_selected(Host(root), k, "nvidia")["path"] == f"/lib/modules/{k}/updates/dkms/nvidia.ko"
+    return root
+
+
 def test_debian_driver_wide_upgrade_removes_every_kernels_override(node, tmp_path):
+    debian_shaped(node)
     dkms_deb = build_deb(tmp_path, "nvidia-open-kernel-dkms", f"{NEW}-1",
                          {f"usr/src/nvidia-{NEW}/Kbuild": "# NVIDIA Kbuild\n"})
     lines, hist = door(node, apt_hook_input(node, tmp_path, [str(dkms_deb)]))
@@ -245,6 +256,7 @@ def test_debian_driver_wide_upgrade_removes_every_kernels_override(node, tmp_pat
 
 
 def test_source_package_bump_with_the_same_driver_changes_nothing(node, tmp_path):
+    debian_shaped(node)
     src = build_deb(tmp_path, "nvidia-kernel-source-580-open", f"{DRV}-0ubuntu2",
                     {f"usr/src/nvidia-{DRV}/Kbuild": "# NVIDIA Kbuild\n"})
     before = {k: override(node, k) for k in (K1, K2)}
@@ -252,6 +264,26 @@ def test_source_package_bump_with_the_same_driver_changes_nothing(node, tmp_path
     assert {k: override(node, k) for k in (K1, K2)} == before
     assert hist["removed"] == [] and sorted(hist["kept"]) == sorted([K1, K2])
     assert f"spark-memsaver: {K1}: driver stays {DRV} (nvidia-kernel-source-580-open): override kept" in lines
+
+
+def test_ubuntu_common_or_source_upgrade_alone_leaves_packaged_kernels_alone(node, tmp_path):
+    """On an Ubuntu-shaped node each kernel's nvidia.ko is its modules package's file: a driver-wide package
+    that ships no module (nvidia-kernel-common-580, nvidia-kernel-source-580-open) changes none of them."""
+    common = build_deb(tmp_path, "nvidia-kernel-common-580", f"{NEW}-0ubuntu1", {})
+    src = build_deb(tmp_path, "nvidia-kernel-source-580-open", f"{NEW}-0ubuntu1",
+                    {f"usr/src/nvidia-{NEW}/Kbuild": "# NVIDIA Kbuild\n"})
+    before = {k: override(node, k) for k in (K1, K2)}
+    lines, hist = door(node, apt_hook_input(node, tmp_path, [str(common), str(src)]))
+    assert {k: override(node, k) for k in (K1, K2)} == before and hist["removed"] == [] and lines == []
+    # the same packages unread (no .deb where APT says): every kernel, fail safe
+    snap = {"kernels": [{"release": k, "uvm_selected": {"patched": True, "version": DRV},
+                         "nvidia_selected": {"path": f"/lib/modules/{k}/kernel/nvidia-580-open/nvidia.ko",
+                                             "version": DRV}} for k in (K1, K2)]}
+    unread = [{"name": "nvidia-kernel-common-580", "old": f"{DRV}-0ubuntu1", "new": f"{NEW}-0ubuntu1",
+               "action": "/nowhere.deb", "facts": {"readable": False}}]
+    assert sorted(s.kernel for s in apt_plan.pre_install_plan(snap, unread)) == sorted([K1, K2])
+    read = [dict(unread[0], facts={"readable": True, "modules": {}, "trees": []})]
+    assert apt_plan.pre_install_plan(snap, read) == []
 
 
 def test_a_package_for_another_kernel_never_decides_for_this_one():

@@ -158,17 +158,34 @@ def package_effect(change: dict) -> dict:
     trees = {m.group(1) for t in facts.get("trees") or () if (m := SOURCE_TREE_RE.match(t))}
     drv = None if removed else (upstream_of_deb(change.get("new")) or (next(iter(trees)) if len(trees) == 1
                                                                         else None))
+    # read, and it ships no module (Debian's nvidia-open-kernel-dkms, nvidia-kernel-source-*, -common-*): it
+    # changes the nvidia.ko only of kernels whose nvidia.ko is not a kernel package's file (DKMS builds it
+    # from the source in updates/, or none is known); unread: every kernel (fail safe)
     return {"scope": "all", "kernels": {}, "driver": drv, "removed": removed,
+            "applies_to": "not-packaged" if readable else "all",
             "how": "removed" if removed else "package version" if drv else "unknown"}
+
+
+# A nvidia.ko a package installed into the kernel's own tree (Ubuntu: kernel/nvidia-550-open/), as opposed to
+# one DKMS built (updates/dkms/) from a driver-wide source package.
+PACKAGED_KO_RE = re.compile(r"^/(?:usr/)?lib/modules/[^/]+/kernel/")
+
+
+def _wide_applies(k: dict, eff: dict) -> bool:
+    if eff.get("applies_to", "all") == "all":
+        return True
+    path = (k.get("nvidia_selected") or {}).get("path")
+    return not (path and PACKAGED_KO_RE.match(path))
 
 
 def assess(snap: dict, changes: list[dict]) -> dict:
     """Before dpkg unpacks: per kernel, does its NVIDIA driver change in this APT run?
 
     A kernel's override is removed only when a package for THAT kernel (or a driver-wide one: Debian's
-    nvidia-open-kernel-dkms, nvidia-kernel-source-*, nvidia-kernel-common-*) changes its driver away from
-    the one the override was built for, removes it, or carries a driver that cannot be read (fail safe). A
-    package for another kernel never touches it. Returns {"steps": [Step], "notes": [{"kernel", "message"}]}
+    nvidia-open-kernel-dkms, nvidia-kernel-source-*, nvidia-kernel-common-*, for a kernel whose nvidia.ko
+    DKMS builds, or any kernel when the package could not be read) changes its driver away from the one the
+    override was built for, removes it, or carries a driver that cannot be read (fail safe). A package for
+    another kernel never touches it. Returns {"steps": [Step], "notes": [{"kernel", "message"}]}
     (steps: removals only; notes: what stays and what comes, for the door's output)."""
     from spark_memsaver.decide.plan import Step, base_version
     per_kernel: dict[str, list] = {}
@@ -176,14 +193,14 @@ def assess(snap: dict, changes: list[dict]) -> dict:
     for c in changes:
         eff = c.get("effect") or package_effect(c)
         if eff["scope"] == "all":
-            wide.append((c["name"], eff["driver"], eff["removed"]))
+            wide.append((c["name"], eff["driver"], eff["removed"], eff))
         for k, d in eff["kernels"].items():
             per_kernel.setdefault(k, []).append((c["name"], d, eff["removed"]))
     steps, notes = [], []
     known = {k["release"]: k for k in snap.get("kernels", [])}
     for rel, k in known.items():
         sel = k.get("uvm_selected") or {}
-        relevant = per_kernel.get(rel, []) + wide
+        relevant = per_kernel.get(rel, []) + [w[:3] for w in wide if _wide_applies(k, w[3])]
         if not sel.get("patched") or not relevant:
             continue
         built_for = base_version(sel.get("version"))
