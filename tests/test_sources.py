@@ -407,3 +407,68 @@ def test_prune_installed_from_a_snapshot(tmp_path, repo):
     with _DpkgLocks(root):
         assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels}) is None   # apt runs
     assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == ["580.142"]
+
+
+# --- the daemon runs a deferred fetch once apt has exited (service/daemon.py, service/monitor.py) ------------
+
+needs_gi = pytest.mark.skipif(subprocess.run(["/usr/bin/python3", "-c", "import gi"]).returncode != 0,
+                              reason="needs python3-gi (the daemon's main loop)")
+
+
+@needs_gi
+def test_daemon_polls_dpkg_lock_then_reconciles_once(tmp_path, monkeypatch):
+    from gi.repository import GLib
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.service.daemon import Daemon
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    d = Daemon(root=str(root))
+    asked = []
+    monkeypatch.setattr(d, "request_reconcile", lambda why: asked.append(why))
+    d.arm_deferred_fetch()
+    assert d._fetch_timer is None                                   # nothing pending: no timer at all
+    source_fetch.defer(d.host, V, "K", "apt holds its locks")
+    d.arm_deferred_fetch()
+    assert d._fetch_timer is not None
+    GLib.source_remove(d._fetch_timer)
+    with _DpkgLocks(root):
+        assert d.poll_deferred_fetch() is True and asked == []      # apt/dpkg still run: keep polling
+    assert d.poll_deferred_fetch() is False and len(asked) == 1     # apt exited: one reconcile
+    assert d._fetch_timer is None
+    source_fetch.clear_pending(d.host)
+    assert d.poll_deferred_fetch() is False and len(asked) == 1     # consumed meanwhile: nothing more
+
+
+@needs_gi
+def test_monitor_wakes_on_the_pending_record_only(tmp_path):
+    from gi.repository import Gio, GLib
+    from spark_memsaver.service.monitor import Monitor
+    root = tmp_path / "root"
+    cache = root / paths.CACHE_DIR.lstrip("/")
+    cache.mkdir(parents=True)
+    m = Monitor.__new__(Monitor)
+    m.host, m._changed_paths, m._settle = Host(root), [], None
+    f = lambda name: Gio.File.new_for_path(str(cache / name))   # noqa: E731
+    E = Gio.FileMonitorEvent
+    m._on_file_changed(None, f("sources"), None, E.CREATED)                          # a fetch's own files
+    m._on_file_changed(None, f(".sources-pending.json.ab12.tmp"), None, E.CREATED)
+    m._on_file_changed(None, f("sources-pending.json"), None, E.DELETED)             # consumed
+    assert m._changed_paths == [] and m._settle is None
+    m._on_file_changed(None, f(".sources-pending.json.ab12.tmp"), f("sources-pending.json"), E.RENAMED)
+    assert len(m._changed_paths) == 1 and m._settle is not None
+    GLib.source_remove(m._settle)
+
+
+@needs_apt
+def test_reconcile_outside_apt_consumes_the_pending_record(tmp_path, repo):
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.observe import sources as osrc
+    root = apt_root(tmp_path / "root", repo)
+    host = Host(root)
+    source_fetch.defer(host, V, "K", "apt holds its locks")
+    drv, kernels = driver_kernels(V)
+    with _DpkgLocks(root):
+        source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})
+        assert osrc.pending(host) is not None                       # apt still runs: kept
+    source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})
+    assert osrc.pending(host) is None

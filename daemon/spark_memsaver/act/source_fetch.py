@@ -305,9 +305,14 @@ def run_step(host: Host, config, step, snap: dict | None, problems: list, progre
 
 
 def prune_installed(host: Host, snap: dict | None) -> dict | None:
-    """reconcile's pruning: keep the cached trees of the installed drivers only. Skipped while apt/dpkg runs
-    (the installed set is changing) or when a kernel's nvidia.ko cannot be read (its driver is unknown)."""
-    if not snap or not osrc.cache_entries(host) or _inside_apt(host):
+    """After a reconcile (act/executor.py): outside apt/dpkg, that reconcile was the run a deferred fetch waited
+    for, so the pending record is consumed (a failed fetch left its rollback record; the daemon never loops on
+    it); then keep the cached trees of the installed drivers only. Both are skipped while apt/dpkg runs (the
+    installed set is changing); pruning also when a kernel's nvidia.ko cannot be read (its driver is unknown)."""
+    if not snap or _inside_apt(host):
+        return None
+    clear_pending(host)
+    if not osrc.cache_entries(host):
         return None
     kernels = snap.get("kernels") or []
     if any((k.get("nvidia_selected") or {}).get("error") for k in kernels):

@@ -28,6 +28,7 @@ log = logging.getLogger("spark_memsaver.service.daemon")
 
 STOP_WAIT_S = 60   # on SIGTERM, how long a running job may take to finish before we exit anyway
 REMOVAL_OPS = ("remove", "rollback")   # toward stock: may run on the last good config when the file is bad
+FETCH_POLL_S = 2   # while a deferred driver-source fetch waits for apt/dpkg to exit: how often to look
 
 
 def _findings(doc: dict) -> list:
@@ -64,6 +65,7 @@ class Daemon:
         self._refresh_thread: threading.Thread | None = None
         self._refresh_again = False
         self._reconcile_pending = False
+        self._fetch_timer = None       # polls the dpkg lock while a driver-source fetch waits for apt to exit
         self._stopping = False
         self.config = cfg.Config()     # replaced by the file's once the first status child has read it
         self.props = {
@@ -333,6 +335,33 @@ class Daemon:
         if self._reconcile_pending:
             self._reconcile_pending = False
             self.request_reconcile("deferred")
+        self.arm_deferred_fetch()
+
+    # --- a driver-source fetch the APT/dpkg doors deferred (act/source_fetch.defer) -------------------------
+    def arm_deferred_fetch(self) -> None:
+        """Inside the doors apt holds its locks, so the fetch was recorded instead (a file in the cache, which the
+        monitor watches; its appearance runs a reconcile, which defers again while dpkg runs, then lands here).
+        Poll, without taking it, whether apt/dpkg still hold the dpkg lock; once they exit, reconcile (it
+        fetches and builds). Armed only while such a record exists: no timer otherwise."""
+        if not self.reconcile_enabled or self._stopping or self._fetch_timer is not None:
+            return
+        from spark_memsaver.observe.sources import pending
+        if pending(self.host) is None:
+            return
+        from gi.repository import GLib
+        self._fetch_timer = GLib.timeout_add_seconds(FETCH_POLL_S, self.poll_deferred_fetch)
+
+    def poll_deferred_fetch(self) -> bool:
+        from spark_memsaver.act.executor import dpkg_running
+        from spark_memsaver.observe.sources import pending
+        if self._stopping or pending(self.host) is None:
+            self._fetch_timer = None
+            return False
+        if dpkg_running(self.host):
+            return True                  # apt/dpkg still run: ask again in FETCH_POLL_S
+        self._fetch_timer = None
+        self.request_reconcile("apt/dpkg exited: fetching the driver source the APT/dpkg doors deferred")
+        return False
 
     # --- run ---------------------------------------------------------------------------------------
     def stop(self) -> bool:

@@ -17,14 +17,17 @@ import time
 from typing import Callable
 
 from spark_memsaver.observe import snapshot as observe
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, paths
 
 log = logging.getLogger("spark_memsaver.service.monitor")
 
 # Kernel modules whose load/unload matters (uevent DEVPATH=/module/<name>, sys_name = module name).
 WATCHED_MODULES = ("nvidia", "nvidia_uvm")
 # Directories whose entries appear with a new driver source (/usr/src/nvidia-<ver>) or kernel (/lib/modules/<k>).
-WATCHED_DIRS = ("/usr/src", "/lib/modules")
+WATCHED_DIRS = ("/usr/src", "/lib/modules", paths.CACHE_DIR)
+# In the cache only the record of a driver-source fetch the APT/dpkg doors deferred (act/source_fetch.defer)
+# matters: the daemon runs it once apt has exited (service/daemon.py).
+PENDING_NAME = os.path.basename(paths.SOURCES_PENDING)
 # In /usr/src only these matter (driver sources, kernel headers); our own DKMS tree there is ignored so a
 # build we run does not trigger a reconcile of itself.
 SRC_PREFIXES = ("nvidia", "linux-headers")
@@ -277,6 +280,12 @@ class Monitor:
         if event not in relevant:
             return
         p = file.get_path()
+        if os.path.dirname(p) == str(self.host.path(paths.CACHE_DIR)):
+            # atomic_write renames a temp file into place: the new name is the event's other file
+            name = os.path.basename(_other.get_path()) if _other is not None and _other.get_path() else \
+                os.path.basename(p)
+            if name != PENDING_NAME or event in (Gio.FileMonitorEvent.DELETED, Gio.FileMonitorEvent.MOVED_OUT):
+                return
         if os.path.dirname(p) == str(self.host.path("/usr/src")) and \
                 not os.path.basename(p).startswith(SRC_PREFIXES):
             log.debug("file event %s: %s (ignored)", event.value_nick, p)
