@@ -472,3 +472,52 @@ def test_reconcile_outside_apt_consumes_the_pending_record(tmp_path, repo):
         assert osrc.pending(host) is not None                       # apt still runs: kept
     source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})
     assert osrc.pending(host) is None
+
+
+# --- status on a Spark-shaped root with precompiled modules and no source (issue #14, "what must be shown") ---
+
+def _cli(*args):
+    repo_root = Path(__file__).resolve().parents[1]
+    e = dict(os.environ, PYTHONPATH=str(repo_root / "daemon"))
+    e.pop("SPARK_MEMSAVER_CONFIG", None)
+    return subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", *args], capture_output=True, text=True,
+                          env=e, timeout=120)
+
+
+@needs_apt
+@pytest.mark.skipif(not shutil.which("depmod") or not shutil.which("gcc"), reason="the Spark root needs kmod, gcc")
+def test_status_spark_root_without_source_then_fetched(tmp_path):
+    import jsonschema
+    from tests.support import sparkroot
+    from spark_memsaver.act import source_fetch
+    drv = sparkroot.DRIVER
+    root = sparkroot.make_spark_root(tmp_path / "spark")
+    shutil.rmtree(root / f"usr/src/nvidia-{drv}")                  # precompiled modules, no source package
+    r = tmp_path / "repo"
+    r.mkdir()
+    os.chmod(tmp_path, 0o755)
+    ubu = f"{drv}-0ubuntu0.24.04.1"
+    make_deb(r, PKG, ubu, drv)
+    index(r)
+    apt_root(root, r)
+    schema = json.loads((Path(__file__).resolve().parents[1] / "daemon/spark_memsaver/report/status.schema.json")
+                        .read_text())
+    conf = tmp_path / "never.yaml"
+    conf.write_text("source_fetch: never\n")
+    p = _cli("--root", str(root), "--config", str(conf), "status", "--json", "--direct")
+    assert "Traceback" not in p.stderr, p.stderr
+    doc = json.loads(p.stdout)
+    jsonschema.validate(doc, schema)
+    e = doc["driver_sources"]["by_driver"][drv]
+    assert e["present"] is False and e["fetchable"] is False and e["remedy"] == f"sudo apt-get install {PKG}={ubu}"
+    assert doc["driver_sources"]["cache"] == {"dir": paths.SOURCES_CACHE, "bytes": 0, "entries": []}
+    # fetched (what the fetch-source step does): status shows the cached tree and its size, in text and JSON
+    source_fetch.fetch(Host(root), cfg.Config(), drv)
+    p = _cli("--root", str(root), "status", "--json", "--direct")
+    doc = json.loads(p.stdout)
+    jsonschema.validate(doc, schema)
+    assert {"version": drv, "path": paths.source_tree(drv), "open": True, "origin": "cache"} in doc["driver"]["sources"]
+    assert doc["driver_sources"]["by_driver"][drv]["present"] is True
+    assert doc["driver_sources"]["cache"]["entries"][0]["deb_version"] == ubu
+    text = _cli("--root", str(root), "status", "--direct").stdout
+    assert f"{drv} (fetched)" in text and f"1 tree ({drv} from {PKG} {ubu})" in text

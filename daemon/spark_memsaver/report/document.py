@@ -51,8 +51,9 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": dict(snap["host"], **snap.get("identity", {})),
         "driver": {"loaded_version": snap["driver"]["loaded_version"],
-                   "sources": [{"version": s["version"], "path": s["path"], "open": s["open"]}
-                               for s in snap["driver"]["sources"]]},
+                   "sources": [{"version": s["version"], "path": s["path"], "open": s["open"],
+                                "origin": s.get("origin", "usr-src")} for s in snap["driver"]["sources"]]},
+        **({"driver_sources": snap["driver_sources"]} if isinstance(snap.get("driver_sources"), dict) else {}),
         "uvm": {"loaded": uvm["loaded"], "version": uvm.get("version"), "srcversion": uvm["srcversion"],
                 "patched": uvm["patched"], "parameters": uvm.get("parameters", {}), "packing": packing},
         "kernels": [{"release": k["release"], "running": k["running"], "page_size": k["page_size"],
@@ -88,6 +89,24 @@ def _mib(n) -> str:
     return f"{n / 1073741824:.2f} GiB"
 
 
+def _source_cache_rows(ds: dict | None) -> list[tuple[str, str]]:
+    """The driver-source cache (act/source_fetch.py): its trees and size, and a fetch waiting for apt."""
+    if not isinstance(ds, dict):
+        return []
+    cache = ds.get("cache") or {}
+    entries = cache.get("entries") or []
+    what = (f"{len(entries)} tree{'s' if len(entries) != 1 else ''} ("
+            + ", ".join(f"{e.get('driver')} from {e.get('package')} {e.get('deb_version')}" for e in entries)
+            + f"), {_mib(cache.get('bytes') or 0)} in {cache.get('dir')}") if entries else \
+        f"empty ({cache.get('dir')})" + (f", {_mib(cache['bytes'])} of leftovers" if cache.get("bytes") else "")
+    rows = [("Source cache", what + f"; source_fetch: {ds.get('mode')}")]
+    pend = ds.get("pending")
+    if isinstance(pend, dict) and pend.get("drivers"):
+        rows.append(("Source fetch", f"pending for {', '.join(map(str, pend['drivers']))}: runs when apt/dpkg exit "
+                     f"({pend.get('reason')})"))
+    return rows
+
+
 def render_text(doc: dict) -> str:
     """Aligned, readable status."""
     unknown = doc.get("unknown") or []
@@ -97,7 +116,9 @@ def render_text(doc: dict) -> str:
         ("State", doc["state"]),
         ("Kernel", kernel),
         ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
-        ("Driver sources", ", ".join(s["version"] for s in doc["driver"]["sources"]) or "none"),
+        ("Driver sources", ", ".join(s["version"] + (" (fetched)" if s.get("origin") == "cache" else "")
+                                     for s in doc["driver"]["sources"]) or "none"),
+        *_source_cache_rows(doc.get("driver_sources")),
         ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
                                                                           " (not loaded)")),
         ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
