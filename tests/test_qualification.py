@@ -306,3 +306,13 @@ def test_patch_list_shows_hashes_and_inheritance():
     text = _cli("list").stdout
     assert "content hashes: 580.95.05, 580.105.08, 580.142" in text
     assert "compile-verified by content where the hooked files are identical to" in text
+
+
+def test_driverdebs_unsupported_driver_stays_unknown(tmp_path):
+    """tests/support/driverdeb.py's 555.58.99 (lifecycle e2e: "a driver absent from the manifest") is 555.58.02
+    relabelled plus the same one-byte drift its recipe applies: still unsupported now that a relabel alone inherits."""
+    tree = _relabelled("555.58.02", driverdeb.UNSUPPORTED, tmp_path / "src")
+    assert up.support(driverdeb.UNSUPPORTED, tree)["supported"] is True      # the relabel alone would inherit
+    driverdeb._drift_hooked(tree)
+    sup = up.support(driverdeb.UNSUPPORTED, tree)
+    assert sup["supported"] is False and sup["drifted"] == [MMU] and "manifest" in sup["reason"]
