@@ -56,6 +56,21 @@
 #define UVM_PT_PACK_FAULT_INJECT 0
 #endif
 
+/*
+ * TEST-ONLY: -DUVM_PT_PACK_TEST_FAKE_GPU lets the pool accept the fake GPUs of
+ * NVIDIA's own unit tests (UVM_TEST_PAGE_TREE: pci_dev == NULL, tables
+ * addressed by physical address, no DMA mapping) and keeps cumulative counters
+ * (test_total_* lines of uvm_pt_pack_stats). Only tests/support/uvmvm.py passes
+ * it; the DKMS build never does (tests/test_kernel_pagetree.py checks the
+ * rendered DKMS tree and the built module's strings).
+ */
+#ifdef UVM_PT_PACK_TEST_FAKE_GPU
+static atomic64_t pt_pack_test_total[5];  /* trees packed, tables c256/c4096, pages c256/c4096 */
+#define PT_PACK_TEST_COUNT(i) atomic64_inc(&pt_pack_test_total[i])
+#else
+#define PT_PACK_TEST_COUNT(i) do { } while (0)
+#endif
+
 #define PT_PACK_MIN_SLOT   256u
 #define PT_PACK_MAX_SLOT   4096u
 #define PT_PACK_MAX_SLOTS  (PAGE_SIZE / PT_PACK_MIN_SLOT)
@@ -183,6 +198,18 @@ enum uvm_pt_pack_reason uvm_pt_pack_check(const struct uvm_pt_pack_facts *facts)
 {
 	unsigned int cls;
 	bool saves = false;
+#ifdef UVM_PT_PACK_TEST_FAKE_GPU
+	struct uvm_pt_pack_facts fake;
+
+	if (!facts->has_pci_dev) {   /* a fake GPU of UVM's unit tests: no device to ask */
+		fake = *facts;
+		fake.has_pci_dev = true;
+		fake.integrated = 1;
+		fake.dma_coherent = true;
+		facts = &fake;
+		pr_warn_once("nvidia-uvm: uvm_pt_pack TEST BUILD (UVM_PT_PACK_TEST_FAKE_GPU): fake GPUs accepted\n");
+	}
+#endif
 
 	if (facts->tier == UVM_PT_PACK_TIER_OFF)
 		return UVM_PT_PACK_R_DISABLED;
@@ -246,6 +273,7 @@ enum uvm_pt_pack_reason uvm_pt_pack_tree_init(struct uvm_pt_pack_pool *pool,
 		}
 		pool->state = PT_PACK_STATE_PACKED;
 		atomic64_inc(&pt_pack_trees_packed);
+		PT_PACK_TEST_COUNT(0);
 	} else if (reason == UVM_PT_PACK_R_DISABLED || reason == UVM_PT_PACK_R_KERNEL_TREE) {
 		/* out of scope by configuration, not "enabled but inactive": counted nowhere */
 		pool->state = PT_PACK_STATE_DISABLED;
@@ -303,6 +331,7 @@ static int pt_pack_take_slot(struct uvm_pt_pack_class *c, struct pt_pack_backing
 	b->used++;
 	c->tables++;
 	atomic64_inc(&pt_pack_tables[b->cls]);
+	PT_PACK_TEST_COUNT(1 + b->cls);
 	if (b->used == b->nslots)
 		list_move(&b->link, &c->full);
 	return (int)slot;
@@ -413,6 +442,7 @@ int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 siz
 	list_add(&b->link, &c->partial);
 	c->pages++;
 	atomic64_inc(&pt_pack_pages[cls]);
+	PT_PACK_TEST_COUNT(3 + cls);
 	slot = pt_pack_take_slot(c, b);
 	spin_unlock(&pool->lock);
 
@@ -625,6 +655,14 @@ static int pt_pack_stats_get(char *buf, const struct kernel_param *kp)
 	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "backing_bytes %lld\n", sum_backing);
 	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "stock_bytes %lld\n", sum_stock);
 	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "saved_bytes %lld\n", sum_stock - sum_backing);
+#ifdef UVM_PT_PACK_TEST_FAKE_GPU
+	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n,
+		       "test_fake_gpu_build 1\ntest_total_trees_packed %lld\ntest_total_c256_tables %lld\n"
+		       "test_total_c4096_tables %lld\ntest_total_c256_pages %lld\ntest_total_c4096_pages %lld\n",
+		       (long long)atomic64_read(&pt_pack_test_total[0]), (long long)atomic64_read(&pt_pack_test_total[1]),
+		       (long long)atomic64_read(&pt_pack_test_total[2]), (long long)atomic64_read(&pt_pack_test_total[3]),
+		       (long long)atomic64_read(&pt_pack_test_total[4]));
+#endif
 	return n;
 }
 

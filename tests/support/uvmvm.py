@@ -1,0 +1,159 @@
+"""NVIDIA's own UVM page-tree tests through the packing hooks, in an arm64 VM (tests/test_kernel_pagetree.py).
+
+``build(k, version, dest) -> Built``: the real patched nvidia-uvm.ko (NVIDIA's open tree of ``version``,
+through the product's apply step, ``spark-memsaver patch apply``, zero fuzz) built by NVIDIA's own Makefile
+against ``k`` (tests/support/qemu.py), together with a stand-in nvidia.ko (tests/kernel/standin-rm) built
+in the same Kbuild run from NVIDIA's own headers: modpost resolves every symbol nvidia-uvm imports against
+it (no KBUILD_MODPOST_WARN), and, where the kernel has CONFIG_MODVERSIONS, the CRCs are genksyms' of
+NVIDIA's prototypes. The test copy of the tree adds ``-DUVM_PT_PACK_TEST_FAKE_GPU`` to uvm_pt_pack.o (and to
+nothing else): the pool accepts UVM's fake GPUs and prints cumulative ``test_total_*`` counters.
+
+``pt_run(tree, dest)``: tests/kernel/pagetree/pt_run.c, static arm64, built with the tree's own
+uvm_ioctl.h / uvm_linux_ioctl.h / uvm_test_ioctl.h (include paths; nothing copied into the repository).
+
+``initramfs(built, runner, dest)``: busybox + tests/kernel/pagetree/init.sh + the two modules + pt_run.
+
+NVIDIA's trees come from tests/support/nvsrc.py (Debian's archive, or a ``git archive`` export of
+github NVIDIA/open-gpu-kernel-modules into the cache: ``python3 tests/support/nvsrc.py git-export CLONE TAG``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+try:
+    from . import cache, nvsrc, qemu
+except ImportError:  # pragma: no cover
+    import cache  # type: ignore
+    import nvsrc  # type: ignore
+    import qemu  # type: ignore
+
+REPO = Path(__file__).resolve().parents[2]
+KDIR = REPO / "tests" / "kernel"
+SWITCH = "UVM_PT_PACK_TEST_FAKE_GPU"
+#: a string only the switch compiles in (uvm_pt_pack.c); its absence from a module proves the switch is off
+SWITCH_MARKER = b"test_fake_gpu_build"
+CROSS = qemu.CROSS
+MAKEARCH = ["ARCH=arm64", f"CROSS_COMPILE={CROSS}", f"CC={CROSS}gcc", f"LD={CROSS}ld", f"OBJDUMP={CROSS}objdump"]
+
+
+@dataclasses.dataclass
+class Built:
+    version: str
+    tree: Path            # the patched NVIDIA tree (test copy)
+    nvidia: Path          # stand-in nvidia.ko
+    uvm: Path             # patched nvidia-uvm.ko (test build)
+    seconds: float
+    log: Path
+
+
+def nvidia_tree(version: str) -> Path:
+    """NVIDIA's open tree for version (raises nvsrc.SourceUnavailable with the remedy)."""
+    return nvsrc.nvidia_source(version)
+
+
+def _add_standin(src: Path, tree: Path) -> None:
+    d = tree / "standin-rm"
+    d.mkdir()
+    for f in ("standin_rm.c", "standin_rm.h", "standin-rm.Kbuild"):
+        shutil.copy(KDIR / "standin-rm" / f, d / f)
+    qemu._run([sys.executable, KDIR / "standin-rm" / "gen_stubs.py", tree / "common/inc/nv_uvm_interface.h",
+               d / "standin_rm.c", d / "standin_stubs.c"])
+    conftests = [ln for ln in (src / "nvidia/nvidia.Kbuild").read_text().splitlines() if ln.startswith("NV_CONFTEST_")]
+    if not conftests:
+        raise qemu.Unavailable(f"{src}/nvidia/nvidia.Kbuild has no NV_CONFTEST_ lines")
+    with open(d / "standin-rm.Kbuild", "a") as fh:
+        fh.write("# nvidia/nvidia.Kbuild's conftest lists (nv-linux.h needs them)\n" + "\n".join(conftests) + "\n")
+
+
+def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, jobs: int = 2) -> Built:
+    """Patched nvidia-uvm.ko + stand-in nvidia.ko for k, in dest (fresh each call)."""
+    src = nvidia_tree(version)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    tree = dest / "nv"
+    env = {"PYTHONPATH": str(REPO / "daemon")}
+    qemu._run(["/usr/bin/python3", "-m", "spark_memsaver", "patch", "apply", "--source", src, "--dest", tree,
+               "--slim", "--json"], env=env, log=dest / "apply.json")
+    # the test-only switch, for the pool's object only (the apply step's own tier-default lines use the same form)
+    if switch:
+        with open(tree / "nvidia-uvm/nvidia-uvm-sources.Kbuild", "a") as fh:
+            fh.write(f"\n# tests/support/uvmvm.py (TEST BUILD ONLY): the pool accepts UVM's fake GPUs\n"
+                     f"CFLAGS_uvm_pt_pack.o += -D{SWITCH}\nCFLAGS_nvidia-uvm/uvm_pt_pack.o += -D{SWITCH}\n")
+    _add_standin(src, tree)
+    # (no KERNELRELEASE=: NVIDIA's Makefile reads a set KERNELRELEASE as "called by Kbuild"; the tree's own
+    # include/config/kernel.release already is k.release)
+    t0 = time.time()
+    # no KBUILD_MODPOST_WARN: every import of nvidia-uvm must resolve against the stand-in
+    e = {k_: v for k_, v in os.environ.items() if k_ != "KBUILD_MODPOST_WARN"}
+    e["LC_ALL"] = "C.UTF-8"
+    p = subprocess.run(["nice", "-n", "10", "make", "-C", str(tree), f"-j{jobs}", *MAKEARCH, f"SYSSRC={k.tree}",
+                        f"SYSOUT={k.tree}", "NV_KERNEL_MODULES=standin-rm nvidia-uvm", "modules"],
+                       env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                       timeout=3600)
+    log = dest / "build.log"
+    log.write_text(p.stdout)
+    secs = time.time() - t0
+    if p.returncode:
+        raise AssertionError(f"NVIDIA {version} build against {k.release} failed (rc={p.returncode}), {log}:\n" +
+                             "\n".join(p.stdout.splitlines()[-30:]))
+    if "WARNING: modpost" in p.stdout:
+        raise AssertionError("modpost warnings:\n" + "\n".join(ln for ln in p.stdout.splitlines() if "modpost" in ln))
+    return Built(version, tree, tree / "nvidia.ko", tree / "nvidia-uvm.ko", secs, log)
+
+
+def pt_run(built: Built, dest: Path) -> Path:
+    """tests/kernel/pagetree/pt_run.c, static arm64, with the tree's own UVM ioctl headers."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    inc = built.tree
+    qemu._run([f"{CROSS}gcc", "-static", "-O2", "-Wall", "-Werror", "-o", dest,
+               f"-I{inc / 'nvidia-uvm'}", f"-I{inc / 'common/inc'}", KDIR / "pagetree/pt_run.c"])
+    return dest
+
+
+def initramfs(built: Built, runner: Path, dest: Path) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for d in ("bin", "proc", "sys", "dev", "tmp"):
+            (root / d).mkdir()
+        shutil.copy(qemu.busybox(), root / "bin/busybox")
+        (root / "bin/sh").symlink_to("busybox")
+        shutil.copy(KDIR / "pagetree/init.sh", root / "init")
+        os.chmod(root / "init", 0o755)
+        shutil.copy(built.nvidia, root / "nvidia.ko")
+        shutil.copy(built.uvm, root / "nvidia-uvm.ko")
+        shutil.copy(runner, root / "pt_run")
+        os.chmod(root / "pt_run", 0o755)
+        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
+                            input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
+        dest.write_bytes(gzip.compress(cp.stdout, 6))
+    return dest
+
+
+def cached_build(k: qemu.Kernel, version: str) -> Built:
+    """build() once per (kernel, version, inputs) under the cache; inputs = our files that go into it."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted([*(REPO / "uvm_patch/src").iterdir(), *(KDIR / "standin-rm").iterdir(),
+                     *(REPO / "uvm_patch/patches").rglob("*.patch"), Path(__file__)]):
+        if f.is_file() and f.suffix != ".pyc":
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    key = f"{version}-{k.kind}-{k.release}-{h.hexdigest()[:12]}"
+    base = cache.cache_dir() / "uvmvm" / key
+    stamp = base / ".ready"
+    with cache.locked(f"uvmvm-{key}"):
+        if not stamp.exists():
+            b = build(k, version, base / "b")
+            stamp.write_text(f"{b.seconds:.0f}\n")
+    secs = float(stamp.read_text())
+    tree = base / "b" / "nv"
+    return Built(version, tree, tree / "nvidia.ko", tree / "nvidia-uvm.ko", secs, base / "b" / "build.log")
