@@ -86,9 +86,10 @@ STATUS = "Package: {p}\nStatus: install ok installed\nPriority: optional\nSectio
          "Architecture: {a}\nVersion: {v}\nDescription: {p}\n\n"
 
 
-@pytest.fixture
-def node(tmp_path):
-    root = sparkroot.make_spark_root(tmp_path / "root", ours_installed=DRV, extra_kernels=(K2,))
+@pytest.fixture(scope="module")
+def node_template(tmp_path_factory):
+    base = tmp_path_factory.mktemp("apt-node")
+    root = sparkroot.make_spark_root(base / "root", ours_installed=DRV, extra_kernels=(K2,))
     status, info = root / "var/lib/dpkg/status", root / "var/lib/dpkg/info"
     info.mkdir(parents=True, exist_ok=True)
     pkgs = {modules_pkg(k): kver(k) for k in (K1, K2)}
@@ -104,6 +105,13 @@ def node(tmp_path):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / "etc/apt/sources.list").touch()
     return root
+
+
+@pytest.fixture
+def node(node_template, tmp_path):
+    """A fresh copy of the node (symlinks kept: /lib/modules/K/build)."""
+    import shutil
+    return Path(shutil.copytree(node_template, tmp_path / "root", symlinks=True))
 
 
 def apt_hook_input(root: Path, tmp: Path, args: list[str]) -> str:
