@@ -114,7 +114,8 @@ def register(root) -> None:
     @click.pass_obj
     def reconcile_cmd(obj, as_json, dry_run, kernels, no_rebuild, apt_pre, hook):
         """Make every kernel safe: remove overrides built for another driver, finish or undo interrupted
-        operations, rebuild where the driver is supported. Exit 0 done, 3 a step failed."""
+        operations, rebuild where the driver is supported. Exit 0 done, 2 bad usage (e.g. a --kernel that is not
+        installed: unknown-kernel), 3 a step failed."""
         # a package-manager door writes into apt's output and term.log: lines, never a live \r line
         say = None if as_json else (ProgressLines(tty=False, prefix="spark-memsaver: ") if (apt_pre or hook)
                                     else progress)

@@ -1,0 +1,290 @@
+"""The one installability decision (decide/installability.py, issue #14 item 2) and the rule it exists for:
+``status`` recommends ``spark-memsaver install`` exactly when ``install`` would proceed, and when it would not,
+status, install and reconcile name the same missing piece with the same code and the same exact remedy.
+
+Real parts: Spark-shaped roots (tests/support/sparkroot.py: real ELF modules, real depmod, real efivarfs bytes),
+varied one piece at a time; the real CLI as a subprocess with --root (status, install, every command that takes
+--kernel); the executor's real dry run; for the source variants a real APT repository of real .debs read by the
+real apt in the root (tests/test_sources.py's helpers), and for the fetchable one install's real fetch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver import config as cfgmod
+from spark_memsaver.act import executor, installable
+from spark_memsaver.decide.installability import installability
+from spark_memsaver.host import Host
+from tests.support import sparkroot
+
+REPO = Path(__file__).resolve().parent.parent
+K = sparkroot.SPARK_KERNEL
+DRV = sparkroot.DRIVER
+PKG = f"nvidia-kernel-source-{DRV.split('.')[0]}-open"
+UBU = f"{DRV}-0ubuntu0.24.04.1"
+GATE_PREFIX = "cannot install for kernel"        # act/installable.refusal: the refusal of a missing piece
+HAVE_APT = all(shutil.which(t) for t in ("apt-get", "apt-ftparchive", "dpkg-deb"))
+
+
+def cli(root: Path, *args, config: Path | None = None) -> tuple[int, dict, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    cmd = ["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root)]
+    if config:
+        cmd += ["--config", str(config)]
+    r = subprocess.run(cmd + list(args), capture_output=True, text=True, env=env, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    try:
+        doc = json.loads(r.stdout) if r.stdout.strip() else {}
+    except json.JSONDecodeError:
+        doc = {"stdout": r.stdout}
+    return r.returncode, doc, r.stderr
+
+
+# --- the variants: one Spark root each, one piece changed ---------------------------------------------
+
+def _tree(root: Path, version: str = DRV) -> None:
+    """A well-formed open kernel-module tree at /usr/src/nvidia-<version> (what the build's lookup accepts)."""
+    from tests.test_sources import nvidia_tree
+    shutil.rmtree(root / f"usr/src/nvidia-{version}", ignore_errors=True)
+    nvidia_tree(root / f"usr/src/nvidia-{version}", version)
+
+
+def _dkms(root: Path) -> None:
+    """The root has DKMS, as a node with the package does (the planner reads /usr/sbin/dkms under the root)."""
+    exe = shutil.which("dkms")
+    if not exe:
+        pytest.skip("dkms is not installed (tools/deps/installability.txt)")
+    (root / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(exe, root / "usr/sbin/dkms")
+
+
+def _apt(tmp: Path, root: Path, debs: list[tuple[str, str]]) -> None:
+    """A real APT repository with these (deb version, tree version) source packages, known to the root's apt."""
+    if not HAVE_APT:
+        pytest.skip("needs apt, apt-utils (apt-ftparchive) and dpkg-deb (tools/deps/installability.txt)")
+    from tests.test_sources import apt_root, index, make_deb
+    repo = tmp / "repo"
+    repo.mkdir()
+    os.chmod(tmp, 0o755)          # apt's _apt download sandbox reads it
+    for deb_version, tree_version in debs:
+        make_deb(repo, PKG, deb_version, tree_version)
+    index(repo)
+    apt_root(root, repo)
+
+
+def _spark(tmp: Path, **kw) -> Path:
+    root = sparkroot.make_spark_root(tmp / "root", **kw)
+    _tree(root)
+    _dkms(root)
+    return root
+
+
+def _config(tmp: Path, text: str) -> Path:
+    p = tmp / "config.yaml"
+    p.write_text(text)
+    return p
+
+
+def v_complete(tmp):
+    return _spark(tmp), None
+
+
+def v_no_source(tmp):
+    root = _spark(tmp)
+    shutil.rmtree(root / f"usr/src/nvidia-{DRV}")
+    return root, None
+
+
+def v_source_fetchable(tmp):
+    root = v_no_source(tmp)[0]
+    _apt(tmp, root, [(UBU, DRV)])
+    return root, None
+
+
+def v_source_fetch_never(tmp):
+    root = v_no_source(tmp)[0]
+    _apt(tmp, root, [(UBU, DRV)])
+    return root, _config(tmp, "source_fetch: never\n")
+
+
+def v_source_not_in_lists(tmp):
+    root = v_no_source(tmp)[0]
+    _apt(tmp, root, [("580.178.04-0ubuntu0.24.04.1", "580.178.04")])     # another version only
+    return root, None
+
+
+def v_unknown_driver(tmp):
+    root = _spark(tmp)
+    ko = root / f"lib/modules/{K}/kernel/nvidia-580-open/nvidia.ko"
+    sparkroot.make_module(ko, [("version", "599.1.1"), ("license", "Dual MIT/GPL"), ("name", "nvidia"),
+                               ("vermagic", f"{K} SMP preempt mod_unload modversions aarch64")])
+    subprocess.run(["depmod", "-b", str(root), K], check=True, capture_output=True)
+    sparkroot.write(root, "/sys/module/nvidia/version", "599.1.1\n")
+    return root, None
+
+
+def v_secure_boot_unknown(tmp):
+    root = _spark(tmp, secure_boot=True)
+    sparkroot.write(root, f"/sys/firmware/efi/efivars/SecureBoot-{sparkroot.EFI_GLOBAL}", b"\x06\x00")  # truncated
+    return root, None
+
+
+def v_headers_missing(tmp):
+    return _spark(tmp, headers=False), None
+
+
+def v_preempt_rt(tmp):
+    root = _spark(tmp)
+    cfg = root / f"boot/config-{K}"
+    cfg.write_text(cfg.read_text() + "CONFIG_PREEMPT_RT=y\n")
+    return root, None
+
+
+def v_key_not_enrolled(tmp):
+    root = _spark(tmp, secure_boot=True)
+    _, crt = sparkroot.make_signing_key(tmp / "keys", "spark-memsaver test key")
+    (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(crt, root / "var/lib/dkms/mok.pub")          # DKMS's default certificate, in no MOK list
+    return root, None
+
+
+# name -> (builder, can_install, needs_fetch, missing codes in order, "then" codes)
+VARIANTS = {
+    "complete": (v_complete, True, False, [], []),
+    "no-source": (v_no_source, False, False, ["driver-source-missing"], []),
+    "source-fetchable": (v_source_fetchable, True, True, [], []),
+    "source-fetch-never": (v_source_fetch_never, False, False, ["driver-source-missing"], []),
+    "source-not-in-lists": (v_source_not_in_lists, False, False, ["driver-source-missing"], []),
+    "unknown-driver": (v_unknown_driver, False, False, ["driver-unsupported"], []),
+    "secure-boot-unknown": (v_secure_boot_unknown, False, False, ["secure-boot-unknown"], []),
+    "headers-missing": (v_headers_missing, False, False, ["headers-missing"], []),
+    "preempt-rt": (v_preempt_rt, False, False, ["kernel-outside-policy"], []),
+    "key-not-enrolled": (v_key_not_enrolled, True, False, [], ["mok-not-enrolled"]),
+}
+
+
+def _decide(root: Path, cfgpath: Path | None) -> tuple[dict, object]:
+    config = cfgmod.load(str(cfgpath) if cfgpath else None, root=str(root))
+    snap, support = installable.observe(Host(root), config)
+    return installability(snap, config, support, K), config
+
+
+# --- the table: snapshot -> decision -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_decision_table(name, tmp_path):
+    build, can, fetch, missing, then = VARIANTS[name]
+    root, cfgpath = build(tmp_path)
+    d, _ = _decide(root, cfgpath)
+    assert (d["can_install"], d["needs_fetch"], [m["code"] for m in d["missing"]],
+            [t["code"] for t in d["then"]]) == (can, fetch, missing, then), d
+    assert d["kernel"] == K
+    for m in d["missing"] + d["then"]:
+        assert m["detail"] and m["remedy"] and "<" not in m["remedy"], m     # no placeholder
+    by = {m["code"]: m for m in d["missing"]}
+    if name == "no-source":        # no APT state under the root: which package to look for, and how
+        assert f"apt-cache policy {PKG}" in by["driver-source-missing"]["remedy"]
+    if name == "source-fetch-never":                 # the exact command, never a placeholder
+        assert by["driver-source-missing"]["remedy"] == f"sudo apt-get install {PKG}={UBU}"
+        assert "source_fetch is 'never'" in by["driver-source-missing"]["detail"]
+    if name == "source-not-in-lists":
+        assert f"apt-cache policy {PKG}" in by["driver-source-missing"]["remedy"]
+    if name == "source-fetchable":
+        assert d["fetch"] == {"driver": DRV, "package": PKG, "deb_version": UBU}
+    if name == "headers-missing":
+        assert by["headers-missing"]["remedy"] == f"sudo apt-get install linux-headers-{K}"
+    if name == "unknown-driver":
+        assert "599.1.1" in by["driver-unsupported"]["detail"]
+    if name == "preempt-rt":
+        assert "PREEMPT_RT" in by["kernel-outside-policy"]["detail"]
+        assert "kernels: all" not in by["kernel-outside-policy"]["remedy"]      # it would not help
+    if name == "key-not-enrolled":
+        assert "sudo spark-memsaver mok enroll" in d["then"][0]["remedy"]
+
+
+def test_unknown_kernel_decision(tmp_path):
+    root = _spark(tmp_path)
+    config = cfgmod.Config()
+    snap, support = installable.observe(Host(root), config)
+    d = installability(snap, config, support, "9.9.9-nope")
+    assert not d["can_install"] and [m["code"] for m in d["missing"]] == ["unknown-kernel"]
+    assert K in d["missing"][0]["detail"] and K in d["missing"][0]["remedy"]
+
+
+# --- the rule: status recommends install <=> install proceeds; same code and remedy everywhere ------------
+
+def _findings(doc: dict) -> dict[str, dict]:
+    return {f["code"]: f for f in doc["findings"]}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_status_recommends_install_iff_install_proceeds(name, tmp_path):
+    build = VARIANTS[name][0]
+    root, cfgpath = build(tmp_path)
+    d, config = _decide(root, cfgpath)
+
+    # 1. status (the real CLI)
+    rc, doc, err = cli(root, "status", "--json", "--direct", config=cfgpath)
+    assert rc in (0, 1), err
+    found = _findings(doc)
+    recommends = [f["code"] for f in doc["findings"] if "spark-memsaver install" in f["remedy"]]
+    if d["can_install"]:
+        assert "stock" in recommends, doc["findings"]
+    else:
+        assert recommends == [], doc["findings"]         # no remedy says install while a piece is missing
+        if any(m["code"] != "kernel-outside-policy" for m in d["missing"]):
+            assert rc == 1                               # a problem was found (the policy alone is no problem)
+    for m in d["missing"]:                               # one finding per missing piece, same code and remedy
+        assert found[m["code"]]["remedy"] == m["remedy"], (m, found.get(m["code"]))
+        assert sum(1 for f in doc["findings"] if f["code"] == m["code"]) == 1
+
+    # 2. the executor's dry run (what reconcile and the daemon do)
+    plan = executor.perform("reconcile", Host(root), config, dry_run=True, kernels=[K])
+    mine = [s for s in plan["steps"] if s.get("kernel") == K]
+    if d["can_install"] and not d["then"]:
+        assert [s["action"] for s in mine] == (["fetch-source"] if d["needs_fetch"] else []) + ["build-install"]
+        if d["needs_fetch"]:
+            assert mine[0]["driver"] == DRV
+    else:
+        (s,) = mine
+        piece = (d["missing"] or d["then"])[0]
+        assert s["action"] == "stay-stock" and s["code"] == piece["code"], s
+        if d["missing"]:
+            assert s["remedy"] == piece["remedy"]
+
+    # 3. install (the real CLI): proceeds past the decision, or is refused with status's code and remedy
+    rc, doc, err = cli(root, "install", "--kernel", K, "--json", config=cfgpath)
+    e = doc.get("error") or {}
+    if d["can_install"]:
+        # it went on to fetch/build (the fixture's tree is no real NVIDIA tree, so the build itself may refuse)
+        assert not e.get("message", "").startswith(GATE_PREFIX), e
+        if d["needs_fetch"]:
+            assert (root / "var/cache/spark-memsaver/sources" / f"nvidia-{DRV}" / "nvidia-uvm/uvm.c").is_file()
+    else:
+        first = d["missing"][0]
+        assert rc == 1 and e["code"] == first["code"] and e["remedy"] == found[first["code"]]["remedy"], doc
+        assert e["message"].startswith(GATE_PREFIX)
+        assert not (root / "var/lib/spark-memsaver/intents").exists() or \
+            not list((root / "var/lib/spark-memsaver/intents").iterdir())        # refused before acting
+
+
+# --- unknown kernel: one behaviour for every command ---------------------------------------------------
+
+@pytest.mark.parametrize("args", [("install", "--kernel"), ("remove", "--kernel"), ("build", "--kernel"),
+                                  ("rollback", "--kernel"), ("reconcile", "--kernel"),
+                                  ("reconcile", "--dry-run", "--kernel")], ids=" ".join)
+def test_unknown_kernel_is_one_behaviour(args, tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "root")
+    rc, doc, err = cli(root, *args, "9.9.9-nope", "--json")
+    e = doc.get("error") or {}
+    assert rc == 2, (rc, doc, err)
+    assert e["code"] == "unknown-kernel", doc
+    assert K in e["message"] and K in e["remedy"]          # it names the kernels that exist
