@@ -330,10 +330,14 @@ def test_kernel_hook_reconciles_only_its_kernel(node, tmp_path):
     fake.chmod(0o755)
     script = tmp_path / "dpkg-post"
     script.write_text((REPO / "systemd/dpkg/dpkg-post").read_text().replace("/usr/bin/spark-memsaver", str(fake))
-                      .replace("/etc/spark-memsaver/no-hooks", str(tmp_path / "no-hooks")))
+                      .replace("/etc/spark-memsaver/no-hooks", str(tmp_path / "no-hooks"))
+                      .replace('"/lib/modules/$2"', f'"{node}/lib/modules/$2"'))
     for sh in ("dash", "bash"):
-        subprocess.run([sh, str(script), "kernel-postinst", K3], check=True, timeout=30)
-        assert rec.read_text().split() == ["reconcile", "--hook", "kernel-postinst", "--kernel", K3]
+        subprocess.run([sh, str(script), "kernel-postinst", K2], check=True, timeout=30)
+        assert rec.read_text().split() == ["reconcile", "--hook", "kernel-postinst", "--kernel", K2]
+        rec.unlink()
+        subprocess.run([sh, str(script), "kernel-postinst", K3], check=True, timeout=30)   # not installed
+        assert not rec.exists()
         subprocess.run([sh, str(script), "dpkg-trigger"], check=True, timeout=30)
         assert rec.read_text().split() == ["reconcile", "--hook", "dpkg-trigger"]
         rec.unlink()
