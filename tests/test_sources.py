@@ -520,4 +520,33 @@ def test_status_spark_root_without_source_then_fetched(tmp_path):
     assert doc["driver_sources"]["by_driver"][drv]["present"] is True
     assert doc["driver_sources"]["cache"]["entries"][0]["deb_version"] == ubu
     text = _cli("--root", str(root), "status", "--direct").stdout
-    assert f"{drv} (fetched)" in text and f"1 tree ({drv} from {PKG} {ubu})" in text
+    assert f"{drv} (fetched" in text and f"1 tree ({drv} from {PKG} {ubu})" in text
+
+
+@needs_apt
+def test_apt_read_is_memoised_and_follows_apt_get_update(tmp_path, repo):
+    """The lists read is memoised in the cache (keyed by the lists' and dpkg status's mtimes): an unchanged
+    APT state is not read again, and an 'apt-get update' that brings the version is seen at once."""
+    import time as _t
+    from spark_memsaver.observe import sources as osrc
+    root = apt_root(tmp_path / "root", repo)
+    (root / paths.SOURCES_CACHE.lstrip("/")).mkdir(parents=True)
+    host = Host(root)
+    drv, kernels = driver_kernels("580.999.01")
+    t0 = _t.monotonic()
+    assert osrc.observe(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]["in_lists"] is False
+    cold = _t.monotonic() - t0
+    assert (root / paths.SOURCES_CACHE.lstrip("/") / osrc.MEMO).is_file()
+    calls = []
+    real_run = host.runner.run
+    host.runner.run = lambda argv, **kw: (calls.append(argv[0]), real_run(argv, **kw))[1]
+    t0 = _t.monotonic()
+    osrc.observe(host, cfg.Config(), drv, kernels)
+    warm = _t.monotonic() - t0
+    assert "apt-cache" not in calls, calls
+    make_deb(repo, PKG, "580.999.01-0ubuntu1", "580.999.01")
+    index(repo)
+    update(root)
+    e = osrc.observe(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]
+    assert e["in_lists"] is True and e["deb_version"] == "580.999.01-0ubuntu1"
+    print(f"apt lists read: cold {cold * 1000:.0f} ms, memoised {warm * 1000:.0f} ms")
