@@ -288,3 +288,21 @@ def test_unknown_kernel_is_one_behaviour(args, tmp_path):
     assert rc == 2, (rc, doc, err)
     assert e["code"] == "unknown-kernel", doc
     assert K in e["message"] and K in e["remedy"]          # it names the kernels that exist
+
+
+@pytest.mark.parametrize("cmd", ["install", "remove", "build", "rollback"])
+def test_unknown_kernel_for_a_user_on_the_live_system(cmd):
+    """A non-root user on the live system (the path that asks spark-memsaverd, or is refused as not-permitted):
+    an unknown kernel is the same unknown-kernel, exit 2, before anything is asked of the daemon or of root."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("switching to an unprivileged user needs root and setpriv (util-linux)")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-m",
+                        "spark_memsaver", cmd, "--kernel", "9.9.9-nope", "--json"], capture_output=True, text=True,
+                       env=env, timeout=60, cwd="/")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    e = json.loads(r.stdout)["error"]
+    from spark_memsaver.observe.snapshot import installed_kernels
+    assert e["code"] == "unknown-kernel"
+    assert e["details"]["installed"] == sorted(installed_kernels(Host("/")))       # it names those that exist

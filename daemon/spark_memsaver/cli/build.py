@@ -39,9 +39,11 @@ def act(obj, op: str, progress, **kw) -> dict:
     """The one decision of every mutating command: root, or another root (--root) -> executor.perform here;
     a non-root user on the live system -> spark-memsaverd (polkit decides), or perform (which refuses with
     a named error) when no daemon runs. ``_local_only`` (e.g. build --force) never goes to the daemon."""
-    from spark_memsaver.act import executor
+    from spark_memsaver.act import executor, installable
 
     local_only = kw.pop("_local_only", False)
+    if kw.get("kernel"):   # unknown-kernel (exit 2) for every caller, before root or the daemon is asked
+        installable.check_kernel(obj.host, kw["kernel"])
     if obj.host.is_live and os.geteuid() != 0:
         if not local_only:
             from spark_memsaver.cli import client
