@@ -22,6 +22,8 @@ def _need(tool: str, pkg: str) -> str:
     path = shutil.which(tool)
     if path is None:
         pytest.skip(f"{tool} is not installed (apt-get install {pkg}; tools/deps/ops.txt)")
+    if b"has been minimized" in Path(path).read_bytes()[:4096]:   # Ubuntu's minimized image: man is a stub
+        pytest.skip(f"{path} is the 'unminimize' stub of a minimized Ubuntu, not {pkg}'s {tool}")
     return path
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import nspawn
+from tests.support import needs, nspawn
 
 pytestmark = pytest.mark.package
 
@@ -48,6 +48,7 @@ def _tail(text: str, n: int = 30) -> str:
 def deb() -> Path:
     """packaging/build-deb as tools/run calls it (real dpkg-buildpackage; lintian runs in its own test)."""
     _need_root()
+    needs.require("dpkg-buildpackage", "dh", remedy="tools/deps/package.txt")
     t = time.monotonic()
     r = subprocess.run([str(REPO / "packaging/build-deb"), "--no-lintian"], cwd=REPO, text=True, capture_output=True,
                        timeout=1200)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import nspawn
+from tests.support import needs, nspawn
 
 pytestmark = [pytest.mark.package, pytest.mark.slow]
 
@@ -157,6 +157,7 @@ def build_repo(outdir: Path, keydir: Path, *args, cwd: Path = REPO, timeout=1500
 def keydir(tmp_path_factory) -> Path:
     if os.geteuid() != 0:
         pytest.skip("building the package needs root")
+    needs.require("reprepro", "gpg", "dpkg-buildpackage", "dh", remedy="tools/deps/ops.txt, tools/deps/package.txt")
     d = tmp_path_factory.mktemp("repo-key") / "gnupg"
     yield d
     subprocess.run(["gpgconf", "--kill", "all"], env=dict(os.environ, GNUPGHOME=str(d)), capture_output=True)

@@ -1,0 +1,111 @@
+"""What a test needs from the machine, and what happens when this machine lacks it.
+
+A test that needs a tool this machine does not have (the lent GPU host: Ubuntu 24.04 without kmod, dkms,
+systemd-nspawn, dbus-daemon, mokutil, a Debian archive or any network) is SKIPPED there, with the reason. It is
+never weakened where the tool exists: the check is the tool's real absence, and under ``tools/test`` (CI), which
+installs every ``tools/deps/*.txt`` first, ``SPARK_MEMSAVER_TESTS_STRICT=1`` turns every such skip into a
+failure (an absent tool there is a broken deps list, not a reason to pass quietly).
+
+Three ways in:
+- ``require("depmod", "modinfo")`` inside a test or fixture, ``@pytest.mark.needs("zstd")`` on a test;
+- ``raise Missing(what, remedy)`` from a fixture builder that finds its input absent;
+- ``environment_gap(exc)`` (used by tests/conftest.py on every failing setup/call): the exception says that the
+  machine lacks something, and the absence is confirmed independently (``shutil.which``, ``find_spec``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+STRICT_ENV = "SPARK_MEMSAVER_TESTS_STRICT"
+# root's PATH has these; a plain user's may not, and kmod's tools live there
+_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+# exception types of tests/support that mean "this input cannot be produced on this machine"
+_UNAVAILABLE = {("tests.support.nvsrc", "SourceUnavailable"), ("tests.support.qemu", "Unavailable"),
+                ("tests.support.matrix7", "Unavailable")}
+
+
+class Missing(RuntimeError):
+    """Something a test needs is absent from this machine; ``remedy`` says how to get it."""
+
+    def __init__(self, what: str, remedy: str = ""):
+        self.what, self.remedy = what, remedy
+        super().__init__(f"{what} is not available here" + (f" ({remedy})" if remedy else ""))
+
+
+def strict() -> bool:
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+def which(tool: str) -> str | None:
+    path = os.environ.get("PATH", os.defpath)
+    return shutil.which(tool, path=os.pathsep.join([path, *_SBIN]))
+
+
+def missing_tools(*tools: str) -> list[str]:
+    return [t for t in tools if which(t) is None]
+
+
+@functools.lru_cache(maxsize=None)
+def python_lacks(interpreter: str, *modules: str) -> tuple[str, ...]:
+    """The modules among ``modules`` that ``interpreter`` cannot import (all of them if it does not run)."""
+    if not os.access(interpreter, os.X_OK):
+        return modules
+    code = ("import importlib.util, sys\n"
+            "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+    r = subprocess.run([interpreter, "-c", code, *modules], capture_output=True, text=True, timeout=60)
+    return modules if r.returncode else tuple(r.stdout.split())
+
+
+def absent(what: str, remedy: str = "") -> None:
+    """Skip the running test because ``what`` is absent; fail instead under tools/test (strict)."""
+    msg = f"{what} is not available here" + (f" ({remedy})" if remedy else "")
+    if strict():
+        pytest.fail(f"{msg}; {STRICT_ENV} is set (tools/test installed tools/deps/*.txt), so it must be")
+    pytest.skip(msg)
+
+
+def require(*tools: str, remedy: str = "tools/test installs tools/deps/*.txt") -> None:
+    gone = missing_tools(*tools)
+    if gone:
+        absent(", ".join(gone), remedy)
+
+
+def require_modules(*modules: str, interpreter: str | None = None, remedy: str = "tools/deps/base.txt") -> None:
+    if interpreter is None:
+        gone = [m for m in modules if importlib.util.find_spec(m) is None]
+    else:
+        gone = list(python_lacks(interpreter, *modules))
+    if gone:
+        absent(f"python module(s) {', '.join(gone)}" + (f" in {interpreter}" if interpreter else ""), remedy)
+
+
+_NOT_INSTALLED = re.compile(r"'([^'/\s]+)' is not installed")
+
+
+def environment_gap(exc: BaseException) -> str | None:
+    """Why ``exc`` means this machine lacks what the test needs (checked, not guessed), or None."""
+    if isinstance(exc, Missing):
+        return str(exc)
+    kind = (type(exc).__module__, type(exc).__name__)
+    if kind in _UNAVAILABLE:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and isinstance(exc.filename, str) and "/" not in exc.filename \
+            and exc.filename and which(exc.filename) is None:
+        return f"{exc.filename} is not installed (tools/deps/*.txt lists it)"
+    if type(exc).__name__ == "CommandNotFound" and type(exc).__module__ == "spark_memsaver.errors":
+        m = _NOT_INSTALLED.search(str(exc))
+        if m and which(m.group(1)) is None:
+            return f"{m.group(1)} is not installed (tools/deps/*.txt lists it)"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        if importlib.util.find_spec(top) is None:
+            return f"python module {top} is not installed (tools/deps/*.txt lists its Debian package)"
+    return None

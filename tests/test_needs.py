@@ -1,0 +1,98 @@
+"""tests/support/needs.py and the conftest hook: a test that needs what this machine lacks is skipped with the
+reason, never where the thing exists, and never under tools/test (SPARK_MEMSAVER_TESTS_STRICT=1)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support import needs
+
+REPO = Path(__file__).resolve().parent.parent
+ABSENT = "spark-memsaver-no-such-tool"
+
+
+def _missing_exec(name: str) -> FileNotFoundError:
+    try:
+        subprocess.run([name, "--version"], capture_output=True)
+    except FileNotFoundError as e:
+        return e
+    raise AssertionError(f"{name} ran")
+
+
+def test_gap_is_named_only_when_the_thing_is_really_absent(monkeypatch):
+    assert "not installed" in needs.environment_gap(_missing_exec(ABSENT))
+    # a tool that exists here: its FileNotFoundError (e.g. a missing argument file) is a real failure
+    e = FileNotFoundError(2, "No such file or directory", "sh")
+    assert needs.environment_gap(e) is None
+    # a path, not a command: never a machine gap
+    assert needs.environment_gap(FileNotFoundError(2, "x", "/no/such/file")) is None
+    assert needs.environment_gap(ModuleNotFoundError("x", name="json")) is None
+    assert needs.environment_gap(ModuleNotFoundError("x", name="spark_memsaver_no_such_mod")) is not None
+    from spark_memsaver.errors import CommandNotFound
+    assert needs.environment_gap(CommandNotFound(f"'{ABSENT}' is not installed", remedy="r")) is not None
+    assert needs.environment_gap(CommandNotFound("'sh' is not installed", remedy="r")) is None
+    assert needs.environment_gap(RuntimeError("anything")) is None
+    assert needs.environment_gap(needs.Missing("x", "y")) == "x is not available here (y)"
+
+
+def test_require_skips_and_strict_fails(monkeypatch):
+    monkeypatch.delenv(needs.STRICT_ENV, raising=False)
+    needs.require("sh")
+    with pytest.raises(pytest.skip.Exception, match=ABSENT):
+        needs.require("sh", ABSENT)
+    monkeypatch.setenv(needs.STRICT_ENV, "1")
+    needs.require("sh")
+    with pytest.raises(pytest.fail.Exception, match=ABSENT):
+        needs.require(ABSENT)
+
+
+def _run_suite(tmp_path, strict: bool) -> str:
+    t = tmp_path / "test_gap.py"
+    t.write_text(textwrap.dedent(f"""
+        import subprocess, pytest
+
+        @pytest.fixture
+        def built():
+            subprocess.run([{ABSENT!r}])
+
+        def test_absent_tool_in_a_fixture(built):
+            pass
+
+        def test_absent_tool_in_the_test():
+            subprocess.run([{ABSENT!r}])
+
+        def test_present_tool_failing_is_a_failure():
+            subprocess.run(["sh", "-c", "exit 3"], check=True)
+
+        @pytest.mark.needs({ABSENT!r})
+        def test_marked():
+            pass
+
+        @pytest.mark.needs("sh")
+        def test_marked_present():
+            pass
+    """))
+    env = {k: v for k, v in os.environ.items() if k != needs.STRICT_ENV}
+    if strict:
+        env[needs.STRICT_ENV] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "daemon")])
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA",
+                        "-q", "--rootdir", str(tmp_path), str(t)], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=120)
+    return r.stdout
+
+
+def test_hook_reports_absent_tools_as_skipped(tmp_path):
+    out = _run_suite(tmp_path, strict=False)
+    assert "1 failed, 1 passed, 3 skipped" in out, out
+    assert "FAILED test_gap.py::test_present_tool_failing_is_a_failure" in out, out
+    assert f"this machine lacks it: {ABSENT} is not installed" in out, out
+
+
+def test_hook_converts_nothing_under_tools_test(tmp_path):
+    out = _run_suite(tmp_path, strict=True)
+    assert "2 failed, 1 passed, 2 errors" in out, out
