@@ -316,3 +316,24 @@ def test_driverdebs_unsupported_driver_stays_unknown(tmp_path):
     driverdeb._drift_hooked(tree)
     sup = up.support(driverdeb.UNSUPPORTED, tree)
     assert sup["supported"] is False and sup["drifted"] == [MMU] and "manifest" in sup["reason"]
+
+
+def test_status_shows_the_verdict_by_content(tmp_path):
+    """status (act/installable.observe -> support with the snapshot's trees -> report/document.py) names the
+    qualification of each driver source: inherited by content, or drifted."""
+    from tests.support import sparkroot
+
+    root = tmp_path / "root"
+    sparkroot.make_spark_root(root)
+    _relabelled("550.163.01", "550.163.02", root / "usr/src/nvidia-550.163.02")
+    p = subprocess.run([sys.executable, "-m", "spark_memsaver", "--root", str(root), "status", "--json"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "daemon")))
+    assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr
+    patch = json.loads(p.stdout)["driver"]["patch"]
+    assert patch["550.163.02"] == {"supported": True, "qualification": "compile-verified", "by": "content",
+                                   "inherited_from": "550.163.01", "drifted": []}
+    # the fixture's 580.142 tree is a stand-in without UVM sources: not what was compiled
+    assert patch[sparkroot.DRIVER]["qualification"] == "untested" and MMU in patch[sparkroot.DRIVER]["drifted"]
+    text = subprocess.run([sys.executable, "-m", "spark_memsaver", "--root", str(root), "status"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "daemon"))).stdout
+    assert "550.163.02: compile-verified by content from 550.163.01" in text, text

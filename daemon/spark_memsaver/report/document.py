@@ -79,7 +79,24 @@ def status(host: Host, config: Config) -> tuple[dict, Verdict]:
     snap, support = installable.observe(host, config)
     snap["identity"] = node_identity(host)
     verdict = evaluate(snap, config, support)
-    return build_document(snap, verdict, config), verdict
+    doc = build_document(snap, verdict, config)
+    # the manifest's verdict on each driver source, by content where the tree is here (act/patch.support)
+    doc["driver"]["patch"] = {s["version"]: {k: sup.get(k) for k in ("supported", "qualification", "by",
+                                                                     "inherited_from", "drifted")}
+                              for s in doc["driver"]["sources"] if (sup := (support or {}).get(s["version"]))}
+    return doc, verdict
+
+
+def _source_text(s: dict, patch: dict) -> str:
+    """'580.178.04 (fetched): compile-verified by content from 580.142'."""
+    p = patch.get(s["version"]) or {}
+    note = ""
+    if p.get("supported") and p.get("qualification"):
+        note = (p["qualification"] + (f" by content from {p['inherited_from']}" if p.get("inherited_from") else "")
+                + (f" (drifted: {' '.join(d.rsplit('/', 1)[-1] for d in p['drifted'])})" if p.get("drifted") else ""))
+    elif p:
+        note = "not supported"
+    return s["version"] + (" (fetched)" if s.get("origin") == "cache" else "") + (f": {note}" if note else "")
 
 
 def _mib(n) -> str:
@@ -116,7 +133,7 @@ def render_text(doc: dict) -> str:
         ("State", doc["state"]),
         ("Kernel", kernel),
         ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
-        ("Driver sources", ", ".join(s["version"] + (" (fetched)" if s.get("origin") == "cache" else "")
+        ("Driver sources", ", ".join(_source_text(s, doc["driver"].get("patch") or {})
                                      for s in doc["driver"]["sources"]) or "none"),
         *_source_cache_rows(doc.get("driver_sources")),
         ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
