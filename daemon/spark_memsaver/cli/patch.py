@@ -61,10 +61,10 @@ def check_cmd(source, allow_untested, as_json):
 
 
 def _qualified(r: dict) -> str:
-    """'compile-verified by content (inherited from 580.142)' / 'untested' / 'compile-verified'."""
+    """'compile-verified by content, hooked files identical to 580.142's' / 'untested' / 'compile-verified'."""
     text = r["qualification"]
     if r.get("inherited_from"):
-        text += f" by content (hooked files identical to {r['inherited_from']}'s)"
+        text += f" by content, hooked files identical to {r['inherited_from']}'s"
     elif r.get("by") == "content":
         text += " by content"
     return text
