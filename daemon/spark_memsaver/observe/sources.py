@@ -74,6 +74,9 @@ def _memo(host: Host, key: dict, compute):
         pass
     value = compute()
     try:
+        cache = host.path(paths.CACHE_DIR)     # the package's own directory (tmpfiles.d, CacheDirectory=)
+        if not p.parent.is_dir() and cache.is_dir() and os.access(cache, os.W_OK):
+            p.parent.mkdir(mode=0o755, exist_ok=True)
         if p.parent.is_dir() and os.access(p.parent, os.W_OK):
             from spark_memsaver.host.fsutil import atomic_write
             atomic_write(p, json.dumps({"key": key, "value": value}) + "\n", 0o644, durable=False)
