@@ -20,15 +20,23 @@
 # Module.symvers (the nvUvmInterface* CRCs) is not built here. Such a module has no nvUvm CRCs and
 # MUST NOT be deployed: it proves compilation only. The DKMS build uses KBUILD_EXTRA_SYMBOLS instead.
 #
-# Environment: JOBS (default 2), STOCK=0 to skip the stock build, PYTHON (default /usr/bin/python3).
-# Output: OUTDIR/{stock,patched}.log, OUTDIR/result.json, one summary line on stdout. Exit 0 = pass.
+# Environment: JOBS (default 2), STOCK=0 to skip the stock build, PYTHON (default /usr/bin/python3),
+#   OF_GPIO_SHIM=1: where the kernel has no <linux/of_gpio.h> (removed in Linux 7.2), put an empty one into
+#   BOTH trees' common/inc/linux/ (NVIDIA's nv-linux.h includes it unconditionally; only nvidia.ko's DSI
+#   panel code uses it, never nvidia-uvm). Not a fix of NVIDIA's tree: a way to compile past it, recorded
+#   in result.json ("shims"); without it such a kernel gives "stock-fails".
+# Also checked: uvm_pt_pack.o is rebuilt alone with W=1 inside the patched module build (kbuild single
+#   target, same flags + W=1); a warning in uvm_pt_pack.[ch] fails the cell.
+# Output: OUTDIR/{stock,patched,w1}.log, OUTDIR/result.json, one summary line on stdout.
+# Exit 0 = pass, 1 = fail (ours, or a broken run), 3 = stock-fails: the unpatched tree does not build on this
+#   kernel and the patched one fails with the same first error (NVIDIA's, not ours).
 set -euo pipefail
 
 usage() { sed -n '2,3p' "$0" >&2; exit 2; }
 [ $# -ge 3 ] || usage
 SRC=$(realpath "$1"); KDIR=$(realpath "$2"); ARCH=$3
 HERE=$(dirname "$(realpath "$0")"); REPO=$(dirname "$HERE")
-JOBS=${JOBS:-2}; STOCK=${STOCK:-1}; PYTHON=${PYTHON:-/usr/bin/python3}
+JOBS=${JOBS:-2}; STOCK=${STOCK:-1}; PYTHON=${PYTHON:-/usr/bin/python3}; OF_GPIO_SHIM=${OF_GPIO_SHIM:-0}
 
 VERSION=$(sed -n 's/.*-DNV_VERSION_STRING=\\"\([^\\"]*\)\\".*/\1/p' "$SRC/Kbuild" | head -1)
 [ -n "$VERSION" ] || { echo "cannot read NV_VERSION_STRING from $SRC/Kbuild" >&2; exit 2; }
@@ -51,16 +59,49 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 exec 3>&1
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&3; }
 
-add_nvconftest() {  # $1 tree: conftest lists borrowed from nvidia.Kbuild, no obj-m
+SHIMS=()
+if [ "$OF_GPIO_SHIM" = 1 ] && [ ! -e "$SYSSRC/include/linux/of_gpio.h" ]; then SHIMS+=(linux/of_gpio.h); fi
+
+add_nvconftest() {  # $1 tree: conftest lists borrowed from nvidia.Kbuild, no obj-m (+ the shims, if any)
   mkdir -p "$1/nvconftest"
   { echo "# compile-matrix: conftest lists of nvidia.Kbuild only (no module)"
     grep -E '^NV_CONFTEST' "$1/nvidia/nvidia.Kbuild"; } > "$1/nvconftest/nvconftest.Kbuild"
+  local h
+  for h in ${SHIMS[@]+"${SHIMS[@]}"}; do  # found after the kernel's include dirs (-I common/inc comes later)
+    mkdir -p "$1/common/inc/$(dirname "$h")"
+    printf '/* compile-matrix OF_GPIO_SHIM: %s is gone from this kernel; nvidia-uvm uses none of it */\n' \
+      "$h" > "$1/common/inc/$h"
+  done
+}
+
+errors() {  # $1 log, $2 tree -> every compiler error, "file: error: text" (line numbers dropped), sorted
+  { grep -E '(fatal error|error): ' "$1" || true; } | grep -v '^make' \
+    | sed -e "s#$2/##g" -e 's#^\(\./\)*##' -e 's#^\([^:]*\):[0-9]*:[0-9]*:#\1:#' | sort -u
+}
+
+first_error() {  # $1 log, $2 tree -> first compiler/make error, tree path and column dropped
+  grep -m1 -E '(fatal error|error): ' "$1" | sed -e "s#$2/##g" -e 's#^\(\./\)*##' -e 's#^\([^:]*:[0-9]*\):[0-9]*:#\1:#' || true
+}
+
+# CC as NVIDIA's Makefile picks it (CONFIG_CC_VERSION_TEXT's first word, when on PATH), for the W=1 step.
+CCX=$(sed -n 's/^CONFIG_CC_VERSION_TEXT="\([^ "]*\).*/\1/p' "$SYSOUT/.config")
+command -v "$CCX" >/dev/null 2>&1 || CCX=gcc
+[ "$ARCH" = x86_64 ] || CCX=${CROSS}gcc   # cross builds name CC explicitly (MAKEARCH)
+w1_pool() {  # $1 tree: rebuild nvidia-uvm/uvm_pt_pack.o alone, same kbuild flags + W=1 -> $OUT/w1.log
+  local kb=()
+  [ "$SYSOUT" = "$SYSSRC" ] || kb=(KBUILD_OUTPUT="$SYSOUT")
+  rm -f "$1/nvidia-uvm/uvm_pt_pack.o"
+  ( cd "$1" && env KBUILD_MODPOST_WARN=1 nice -n 5 make -C "$SYSSRC" ${kb[@]+"${kb[@]}"} M="$1" "CC=$CCX" \
+        "${MAKEARCH[@]}" NV_KERNEL_SOURCES="$SYSSRC" NV_KERNEL_OUTPUT="$SYSOUT" \
+        NV_KERNEL_MODULES="nvconftest nvidia-uvm" NV_SPECTRE_V2=0 W=1 nvidia-uvm/uvm_pt_pack.o ) \
+        > "$OUT/w1.log" 2>&1
 }
 
 build() {  # $1 tree, $2 name -> $OUT/$2.log, $OUT/$2.seconds, rc
   local t0 rc=0
   t0=$(date +%s)
-  ( cd "$1" && env KBUILD_MODPOST_WARN=1 nice -n 5 make -j"$JOBS" "${MAKEARCH[@]}" \
+  # -k: on a kernel the stock tree does not build on, every object that can compile does (ours included)
+  ( cd "$1" && env KBUILD_MODPOST_WARN=1 nice -n 5 make -k -j"$JOBS" "${MAKEARCH[@]}" \
         SYSSRC="$SYSSRC" SYSOUT="$SYSOUT" NV_KERNEL_MODULES="nvconftest nvidia-uvm" modules ) \
         > "$OUT/$2.log" 2>&1 || rc=$?
   echo $(( $(date +%s) - t0 )) > "$OUT/$2.seconds"
@@ -91,17 +132,29 @@ undefined_ours() {  # $1 tree, $2 .ko -> symbols our objects need that neither t
            | xargs -0 ${CROSS}nm -u | awk 'NF==2 {print $2}'; } | sort -u ) || true
 }
 
-STOCK_S=null
+STOCK_S=null; STOCK_RC=0; STOCK_ERR=""
 if [ "$STOCK" = 1 ]; then
   log "stock copy of $SRC"
   mkdir "$OUT/stock"
   tar -C "$SRC" --exclude=nvidia/nv-kernel.o_binary -cf - . | tar -C "$OUT/stock" -xf -
   add_nvconftest "$OUT/stock"
   log "stock build ($ARCH, $KREL)"
-  build "$OUT/stock" stock || { log "STOCK BUILD FAILED (see $OUT/stock.log)"; tail -20 "$OUT/stock.log" >&3; exit 1; }
+  build "$OUT/stock" stock || STOCK_RC=$?
   STOCK_S=$(cat "$OUT/stock.seconds")
-  warnings "$OUT/stock.log" "$OUT/stock" > "$OUT/stock.warnings"
-  undefined "$OUT/stock/nvidia-uvm.ko" > "$OUT/stock.undefined"
+  if [ "$STOCK_RC" = 0 ] && [ -f "$OUT/stock/nvidia-uvm.ko" ]; then
+    warnings "$OUT/stock.log" "$OUT/stock" > "$OUT/stock.warnings"
+    undefined "$OUT/stock/nvidia-uvm.ko" > "$OUT/stock.undefined"
+  else
+    [ "$STOCK_RC" != 0 ] || STOCK_RC=1
+    STOCK_ERR=$(first_error "$OUT/stock.log" "$OUT/stock")
+    errors "$OUT/stock.log" "$OUT/stock" > "$OUT/stock.errors"
+    log "STOCK BUILD FAILED: ${STOCK_ERR:-rc=$STOCK_RC} (see $OUT/stock.log); building the patched tree to compare"
+  fi
+  # conftest results depend on the kernel, conftest.sh and the flags only: the patched build reuses them
+  # (REUSE_CONFTEST=0 reruns them) once every conftest header exists (the first object waits for all).
+  if [ "${REUSE_CONFTEST:-1}" = 1 ] && [ -f "$OUT/stock/conftest/headers.h" ] && [ -f "$OUT/stock/conftest/functions.h" ]; then
+    cp -a "$OUT/stock/conftest" "$OUT/conftest.reuse"
+  fi
   rm -rf "$OUT/stock"   # keep logs only
 fi
 
@@ -109,19 +162,44 @@ log "apply step"
 PYTHONPATH="$REPO/daemon${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m spark_memsaver patch apply \
   --source "$SRC" --dest "$OUT/patched" --slim --json > "$OUT/apply.json"
 add_nvconftest "$OUT/patched"
-log "patched build ($ARCH, $KREL)"
+CONFTEST_REUSED=false
+if [ -d "$OUT/conftest.reuse" ] && cmp -s "$SRC/conftest.sh" "$OUT/patched/conftest.sh"; then
+  cp -a "$OUT/conftest.reuse" "$OUT/patched/conftest"
+  T=$(( $(date +%s) + 1 )); find "$OUT/patched/conftest" -exec touch -h -d "@$T" {} +   # newer than conftest.sh
+  CONFTEST_REUSED=true
+fi
+rm -rf "$OUT/conftest.reuse"
+log "patched build ($ARCH, $KREL${CONFTEST_REUSED/true/, conftest results of the stock build})"
 PATCHED_RC=0
 build "$OUT/patched" patched || PATCHED_RC=$?
 KO="$OUT/patched/nvidia-uvm.ko"
+PATCHED_ERR=""
+[ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || PATCHED_ERR=$(first_error "$OUT/patched.log" "$OUT/patched")
+errors "$OUT/patched.log" "$OUT/patched" > "$OUT/patched.errors"
+OURS_BUILT=$(for o in uvm_pt_pack.o uvm_mmu.o; do [ -f "$OUT/patched/nvidia-uvm/$o" ] && echo "$o"; done | tr '\n' ' ')
+W1_WARN=null; W1_OURS=null; W1_RC=0
+if [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ]; then
+  log "uvm_pt_pack.o again with W=1"
+  W1_RC=0; w1_pool "$OUT/patched" || W1_RC=$?
+  W1_WARN=$(grep -c 'warning: ' "$OUT/w1.log" || true)
+  W1_OURS=$( { grep -E 'uvm_pt_pack\.[ch]:[0-9]+:[0-9]+: warning: ' "$OUT/w1.log" || true; } | sort -u | wc -l)
+fi
 
 FAIL=()
-[ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || FAIL+=("patched build failed rc=$PATCHED_RC")
+if [ "$W1_OURS" != null ]; then
+  [ "$W1_RC" = 0 ] && [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ] || FAIL+=("W=1 rebuild of uvm_pt_pack.o failed rc=$W1_RC (see w1.log)")
+  grep -q 'CC \[M\] .*nvidia-uvm/uvm_pt_pack\.o' "$OUT/w1.log" || FAIL+=("W=1 step did not compile uvm_pt_pack.o")
+  [ "$W1_OURS" = 0 ] || FAIL+=("W=1 warnings in uvm_pt_pack.[ch]: $(grep -E 'uvm_pt_pack\.[ch]:[0-9]+:[0-9]+: warning: ' "$OUT/w1.log" | head -3 | tr '\n' ' ')")
+else
+  FAIL+=("uvm_pt_pack.o was not built")
+fi
+[ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || FAIL+=("patched build failed rc=$PATCHED_RC: ${PATCHED_ERR:-no error line}")
 warnings "$OUT/patched.log" "$OUT/patched" > "$OUT/patched.warnings"
 OURS=$(grep -E 'uvm_pt_pack|spark-memsaver|pt_pack_' "$OUT/patched.warnings" || true)
 [ -z "$OURS" ] || FAIL+=("warnings from our code: $(echo "$OURS" | head -3 | tr '\n' ' ')")
 # uvm_mmu.[ch] warnings: anything there must also be present in the stock build.
 MMU=$(grep -E '^nvidia-uvm/uvm_mmu\.[ch]:' "$OUT/patched.warnings" || true)
-if [ "$STOCK" = 1 ]; then
+if [ "$STOCK" = 1 ] && [ "$STOCK_RC" = 0 ]; then
   NEW=$(comm -13 "$OUT/stock.warnings" "$OUT/patched.warnings" || true)
   [ -z "$NEW" ] || FAIL+=("new warnings vs stock: $(echo "$NEW" | head -3 | tr '\n' ' ')")
 elif [ -n "$MMU" ]; then
@@ -131,7 +209,7 @@ if [ -f "$KO" ]; then
   undefined "$KO" > "$OUT/patched.undefined"
   undefined_ours "$OUT/patched" "$KO" > "$OUT/patched.undefined-ours"
   NEWU=$(cat "$OUT/patched.undefined-ours")
-  if [ "$STOCK" = 1 ]; then
+  if [ "$STOCK" = 1 ] && [ "$STOCK_RC" = 0 ]; then
     NEWU="$NEWU $(comm -13 "$OUT/stock.undefined" "$OUT/patched.undefined" || true)"
     NEWU=$(echo $NEWU)
   fi
@@ -155,6 +233,30 @@ PAGE64K=null
 NW_STOCK=$( [ -f "$OUT/stock.warnings" ] && wc -l < "$OUT/stock.warnings" || echo null)
 NW_PATCHED=$(wc -l < "$OUT/patched.warnings")
 STATUS=pass; [ ${#FAIL[@]} = 0 ] || STATUS=fail
+NERR_STOCK=$( [ -f "$OUT/stock.errors" ] && wc -l < "$OUT/stock.errors" || echo 0)
+NERR_PATCHED=$(wc -l < "$OUT/patched.errors")
+if [ "$STOCK_RC" != 0 ]; then
+  # The unpatched tree does not build here. Not ours only if the patched tree fails with exactly the same
+  # errors (line numbers dropped) and everything else of ours still holds: our objects compiled where the
+  # stock ones did, no warning from our code, W=1 clean. (No module is linked: no symbol/.ko checks.)
+  OTHER=()
+  for f in "${FAIL[@]}"; do case "$f" in "patched build failed"*|"undefined symbols"*) ;; *) OTHER+=("$f") ;; esac; done
+  if [ "$NERR_STOCK" -gt 0 ] && cmp -s "$OUT/stock.errors" "$OUT/patched.errors" && [ ${#OTHER[@]} = 0 ] \
+     && ! grep -q 'nvidia-uvm/uvm_pt_pack\.[ch]:' "$OUT/stock.errors"; then
+    STATUS=stock-fails
+    grep -q '^nvidia-uvm/uvm_mmu\.[ch]:' "$OUT/stock.errors" || case "$OURS_BUILT" in *uvm_mmu.o*) ;; *)
+      STATUS=fail; FAIL+=("uvm_mmu.o not built although the stock errors are elsewhere") ;; esac
+  else
+    STATUS=fail
+    FAIL+=("stock build failed (${STOCK_ERR:-rc=$STOCK_RC}); patched errors differ: $(comm -13 "$OUT/stock.errors" "$OUT/patched.errors" 2>/dev/null | head -3 | tr '\n' ' ')")
+  fi
+fi
+POOL_SHA=$(sha256sum "$OUT/patched/nvidia-uvm/uvm_pt_pack.c" 2>/dev/null | cut -c1-16)
+CCTEXT=$(sed -n 's/^CONFIG_CC_VERSION_TEXT="\(.*\)"$/\1/p' "$SYSOUT/.config")
+CCUSED=$( { [ "$ARCH" = arm64 ] && ${CROSS}gcc --version || "$CCX" --version; } 2>/dev/null | head -1)
+PAGESZ=4096
+[ "$ARCH" = arm64 ] && { grep -q '^CONFIG_ARM64_16K_PAGES=y' "$SYSOUT/.config" && PAGESZ=16384; \
+                         grep -q '^CONFIG_ARM64_64K_PAGES=y' "$SYSOUT/.config" && PAGESZ=65536; }
 "$PYTHON" - "$OUT/result.json" <<EOF
 import json, sys
 null, true, false = None, True, False
@@ -164,10 +266,16 @@ json.dump({"version": "$VERSION", "arch": "$ARCH", "kernel": "$KREL", "arm64_64k
            "stock_seconds": $STOCK_S, "patched_seconds": $(cat "$OUT/patched.seconds"),
            "warnings_stock": $NW_STOCK, "warnings_patched": $NW_PATCHED,
            "parms": "${PARMS:-}".split(), "spark_memsaver": "${TAG:-}", "module_version": "${KOVER:-}",
-           "vermagic": "${VERMAGIC:-}", "modpost": "KBUILD_MODPOST_WARN=1 (compile-only)"},
+           "vermagic": "${VERMAGIC:-}", "modpost": "KBUILD_MODPOST_WARN=1 (compile-only)",
+           "page_size": $PAGESZ, "stock_error": """$STOCK_ERR""" or None, "patched_error": """$PATCHED_ERR""" or None,
+           "w1_warnings_total": $W1_WARN, "w1_warnings_ours": $W1_OURS,
+           "shims": "${SHIMS[*]:-}".split(), "pool_sha256_16": "${POOL_SHA:-}",
+           "kernel_cc": """$CCTEXT""", "cc_used": """$CCUSED""",
+           "undefined_new": "${NEWU:-}".split(), "conftest_reused": $CONFTEST_REUSED,
+           "errors_stock": $NERR_STOCK, "errors_patched": $NERR_PATCHED, "ours_built": "$OURS_BUILT".split()},
           open(sys.argv[1], "w"), indent=2)
 EOF
 # Keep the .ko and logs; drop the object files to save space.
 find "$OUT/patched" -name '*.o' -delete 2>/dev/null || true
-echo "$STATUS $VERSION $ARCH $KREL stock=${STOCK_S}s patched=$(cat "$OUT/patched.seconds")s warnings stock=$NW_STOCK patched=$NW_PATCHED ${FAIL[*]:-}"
-[ "$STATUS" = pass ]
+echo "$STATUS $VERSION $ARCH ${PAGESZ} $KREL stock=${STOCK_S}s patched=$(cat "$OUT/patched.seconds")s warnings stock=$NW_STOCK patched=$NW_PATCHED w1=$W1_OURS/$W1_WARN ${SHIMS[*]:+shims=${SHIMS[*]}} ${STOCK_ERR:+stock_error=$STOCK_ERR} ${FAIL[*]:-}"
+case "$STATUS" in pass) exit 0 ;; stock-fails) exit 3 ;; *) exit 1 ;; esac
