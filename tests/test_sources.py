@@ -352,8 +352,10 @@ class _DpkgLocks:
 
 def _steps(kernel: str, driver: str):
     from spark_memsaver.decide import plan as rc
+    # the plan fetches each driver once: the second kernel's build of the same driver has no fetch step of its own
     return [rc.Step("fetch-source", kernel, "source missing", driver_to=driver),
-            rc.Step("build-install", kernel, "no build", driver_to=driver)]
+            rc.Step("build-install", kernel, "no build", driver_to=driver),
+            rc.Step("build-install", kernel + "-2", "no build", driver_to=driver)]
 
 
 @needs_apt
@@ -368,6 +370,7 @@ def test_step_inside_apt_doors_defers_and_build_waits(tmp_path, repo):
         done = st.execute(host, cfg.Config(), _steps("K", V), snap=None)
     assert done[0]["ok"] is True and done[0]["result"]["deferred"] is True
     assert done[1]["skipped"].startswith("its NVIDIA driver source is not fetched yet")
+    assert done[2]["skipped"].startswith("its NVIDIA driver source is not fetched yet")
     assert osrc.pending(host)["drivers"] == [V]
     assert not (root / paths.source_tree(V).lstrip("/")).exists()
     # apt has exited: the same step fetches, and the pending record goes
@@ -387,7 +390,7 @@ def test_step_failure_records_rollback_with_exact_remedy(tmp_path, repo):
         "Version: 580.190.01-0ubuntu0.24.04.1\nMaintainer: t <t@example.invalid>\nDescription: t\n\n")
     done = st.execute(host, cfg.Config(), _steps("K", "580.190.01"), snap=None)
     assert done[0]["ok"] is False and done[0]["result"]["error"]["code"] == "source-not-in-lists"
-    assert "skipped" in done[1]
+    assert "skipped" in done[1] and "skipped" in done[2]
     rb = [r for r in intents.list_rollbacks(host)[0] if r.get("kernel") == "K"]
     assert rb and rb[0]["code"] == "source-not-in-lists"
     assert f"sudo apt-get install {PKG}=580.190.01-0ubuntu0.24.04.1" in rb[0]["remedy"]

@@ -240,10 +240,11 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None 
     """Run the acting steps of a plan in order; a failed step is reported and the next one runs."""
     problems = [] if problems is None else problems
     done = []
-    waiting: set = set()    # kernels whose driver source was not fetched (failed, or deferred past apt)
+    waiting: set = set()    # drivers whose source was not fetched (failed, or deferred past apt): every
+    #                         kernel's build for them waits (the plan fetches each driver once)
     for s in steps:
         entry = s.to_dict()
-        if s.action == "build-install" and s.kernel in waiting:
+        if s.action == "build-install" and s.driver_to in waiting:
             done.append({**entry, "ok": True, "skipped": "its NVIDIA driver source is not fetched yet (fetch-source)"})
             continue
         try:
@@ -252,7 +253,7 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None 
                 entry["result"] = source_fetch.run_step(host, config, s, snap, problems, fwd(progress))
                 entry["ok"] = entry["result"].get("ok", False)
                 if not entry["result"].get("path"):
-                    waiting.add(s.kernel)
+                    waiting.add(entry["result"].get("driver"))
             else:
                 entry.update(_one(host, config, s, progress, problems))
             entry.setdefault("ok", True)
