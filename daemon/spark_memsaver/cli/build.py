@@ -42,9 +42,9 @@ def act(obj, op: str, progress, **kw) -> dict:
     from spark_memsaver.act import executor, installable
 
     local_only = kw.pop("_local_only", False)
-    if kw.get("kernel"):   # unknown-kernel (exit 2) for every caller, before root or the daemon is asked
-        installable.check_kernel(obj.host, kw["kernel"])
     if obj.host.is_live and os.geteuid() != 0:
+        if kw.get("kernel"):   # unknown-kernel (exit 2), as executor.perform says it, before the daemon is asked
+            installable.check_kernel(obj.host, kw["kernel"])
         if not local_only:
             from spark_memsaver.cli import client
             method = {"build": "Build", "install": "Install", "remove": "Remove", "rollback": "Rollback",

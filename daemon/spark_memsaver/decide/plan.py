@@ -80,9 +80,9 @@ def stock_reason(k: dict, snap: dict, config: Config, support: dict) -> tuple[st
     that would not load (Secure Boot enforcing, key not trusted yet) and needs dkms on the host."""
     rel = k["release"]
     d = installability(snap, config, support, rel)
-    if d["missing"]:
+    if d["missing"]:     # the first piece decides code and remedy; the reason names every piece
         m = d["missing"][0]
-        return m["detail"], m["code"], m["remedy"]
+        return "; and ".join(x["detail"] for x in d["missing"]), m["code"], m["remedy"]
     if d["then"]:
         t = d["then"][0]
         remedy = (f"Install by hand: 'spark-memsaver install --kernel {rel}'; then {ENROLL}."
