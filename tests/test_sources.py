@@ -557,3 +557,38 @@ def test_apt_read_is_memoised_and_follows_apt_get_update(tmp_path, repo):
     e = osrc.observe(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]
     assert e["in_lists"] is True and e["deb_version"] == "580.999.01-0ubuntu1"
     print(f"apt lists read: cold {cold * 1000:.0f} ms, memoised {warm * 1000:.0f} ms")
+
+
+@needs_apt
+def test_real_debian_nvidia_package_fetched_into_a_buildable_tree(tmp_path):
+    """Debian's real nvidia-open-kernel-dkms 550.163.01 (tests/support/nvsrc.py's cached download) served from a
+    local repository: the fetched tree is what the build accepts (act/dkms_run.find_driver_source: version,
+    conftest lists) and the manifest's patch applies to it with zero fuzz (act/patch.check_source)."""
+    from tests.support import nvsrc
+    from spark_memsaver.act import patch as uvm_patch, source_fetch
+    from spark_memsaver.act.dkms_run import find_driver_source
+    v = "550.163.01"
+    try:
+        nvsrc.nvidia_source(v)
+    except nvsrc.SourceUnavailable as e:
+        pytest.skip(f"Debian's NVIDIA {v} package cannot be fetched here: {e}")
+    debs = sorted((nvsrc.cache_dir() / "debs").glob(f"nvidia-open-kernel-dkms_{v}-*_*.deb"))
+    if not debs:
+        pytest.skip(f"nvsrc's cache holds no nvidia-open-kernel-dkms_{v} .deb")
+    r = tmp_path / "repo"
+    r.mkdir()
+    os.chmod(tmp_path, 0o755)
+    try:
+        os.link(debs[-1], r / debs[-1].name)
+    except OSError:
+        shutil.copyfile(debs[-1], r / debs[-1].name)
+    index(r)
+    root = apt_root(tmp_path / "root", r, os_id="debian")
+    (root / "etc/apt/apt.conf.d/99arch").write_text('APT::Architecture "amd64";\nAPT::Architectures { "amd64"; };\n')
+    update(root)
+    host = Host(root)
+    res = source_fetch.fetch(host, cfg.Config(), v)
+    assert res["package"] == "nvidia-open-kernel-dkms" and res["deb_version"] == debs[-1].name.split("_")[1]
+    assert find_driver_source(host, v) == paths.source_tree(v)
+    chk = uvm_patch.check_source(host.path(paths.source_tree(v)), runner=host.runner)
+    assert chk["version"] == v and chk["qualification"] == "compile-verified", chk   # raises if it does not apply
