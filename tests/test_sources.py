@@ -410,6 +410,9 @@ def test_prune_installed_from_a_snapshot(tmp_path, repo):
     with _DpkgLocks(root):
         assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels}) is None   # apt runs
     assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == ["580.142"]
+    # the source package got installed meanwhile (/usr/src/nvidia-<v>): the cached copy goes too
+    nvidia_tree(root / f"usr/src/nvidia-{V}", V)
+    assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == [V]
 
 
 # --- the daemon runs a deferred fetch once apt has exited (service/daemon.py, service/monitor.py) ------------

@@ -317,4 +317,9 @@ def prune_installed(host: Host, snap: dict | None) -> dict | None:
     kernels = snap.get("kernels") or []
     if any((k.get("nvidia_selected") or {}).get("error") for k in kernels):
         return None
-    return prune(host, set(osrc.installed_drivers(snap.get("driver") or {}, kernels)))
+    # a driver whose source package is installed now (/usr/src, found first by the build) needs no cached copy
+    from spark_memsaver.act.dkms_run import source_candidates
+    keep = {v for v in osrc.installed_drivers(snap.get("driver") or {}, kernels)
+            if not any(host.exists(f"{c}/nvidia-uvm") and host.exists(f"{c}/Kbuild")
+                       for c in source_candidates(v) if c != paths.source_tree(v))}
+    return prune(host, keep)
