@@ -595,3 +595,38 @@ def test_real_debian_nvidia_package_fetched_into_a_buildable_tree(tmp_path):
     assert find_driver_source(host, v) == paths.source_tree(v)
     chk = uvm_patch.check_source(host.path(paths.source_tree(v)), runner=host.runner)
     assert chk["version"] == v and chk["qualification"] == "compile-verified", chk   # raises if it does not apply
+
+
+@needs_gi
+def test_monitor_real_inotify_sees_the_pending_record(tmp_path):
+    """The real Gio file monitor on the cache directory: defer()'s atomic write (temp file renamed into place)
+    arrives as an event the monitor keeps; the fetch's own files in the cache do not."""
+    import time as _t
+    from gi.repository import GLib
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.service.monitor import Monitor
+    root = tmp_path / "root"
+    (root / paths.CACHE_DIR.lstrip("/")).mkdir(parents=True)
+    m = Monitor.__new__(Monitor)
+    m.host, m._changed_paths, m._settle, m._file_monitors = Host(root), [], None, []
+    m._start_file_monitors()
+    ctx = GLib.MainContext.default()
+
+    def pump(seconds):
+        end = _t.monotonic() + seconds
+        while _t.monotonic() < end:
+            ctx.iteration(False)
+            _t.sleep(0.02)
+    try:
+        (root / paths.SOURCES_CACHE.lstrip("/")).mkdir()
+        (root / paths.SOURCES_CACHE.lstrip("/") / ".staging-x").mkdir()
+        pump(1.0)
+        assert m._changed_paths == []
+        source_fetch.defer(m.host, V, "K", "apt holds its locks")
+        pump(2.0)
+        assert m._changed_paths, "no event for the pending record"
+    finally:
+        if m._settle is not None:
+            GLib.source_remove(m._settle)
+        for fm in m._file_monitors:
+            fm.cancel()
