@@ -45,8 +45,8 @@ def test_driver_of_deb_versions():
 
 def test_source_package_order_by_layout():
     names = lambda layout: [c["package"] for c in dsrc.source_package(V, layout)]  # noqa: E731
-    assert names({"os_id": "ubuntu"}) == [PKG, "nvidia-kernel-source-580-server-open", "nvidia-open-kernel-dkms",
-                                          "nvidia-open-kernel-source"]
+    assert names({"os_id": "ubuntu"}) == [PKG, "nvidia-kernel-source-580-server-open", "nvidia-kernel-source-open",
+                                          "nvidia-open-kernel-dkms", "nvidia-open-kernel-source"]
     # DGX OS reports ID=ubuntu; a derivative names it in ID_LIKE
     assert names({"os_id": "dgx", "os_id_like": "ubuntu debian"})[0] == PKG
     # the server flavour's modules live in kernel/nvidia-580srv-open/
@@ -78,6 +78,10 @@ def test_choose_exact_version_and_sibling_inference():
     # a sibling of another driver version proves nothing
     got = dsrc.choose(V, cands, {}, {"nvidia-kernel-common-580": "580.200.01-0ubuntu1"})
     assert got == {"package": None, "deb_version": None, "in_lists": False}
+    # NVIDIA's CUDA repository from branch 590 on: unbranched names, sibling nvidia-kernel-common
+    c595 = dsrc.source_package("595.71.05", {"os_id": "ubuntu"})
+    got = dsrc.choose("595.71.05", c595, {}, {"nvidia-kernel-common": "595.71.05-1ubuntu1"})
+    assert got == {"package": "nvidia-kernel-source-open", "deb_version": "595.71.05-1ubuntu1", "in_lists": False}
 
 
 def test_config_source_fetch_key():

@@ -5,6 +5,8 @@ Layouts that exist (package -> where its tree lands):
   Ubuntu (archive, DGX OS)  nvidia-kernel-source-<branch>-open         /usr/src/nvidia-<version>/
                             nvidia-kernel-source-<branch>-server-open  /usr/src/nvidia-<version>/  (server branch:
                                                                        modules in kernel/nvidia-<branch>srv-open/)
+  NVIDIA's CUDA repository nvidia-kernel-source-open                 /usr/src/nvidia-<version>/  (branch 590 on:
+  (590 and later)                                                    names without the branch; 580 as Ubuntu)
   Debian (contrib)          nvidia-open-kernel-dkms                    /usr/src/nvidia-current-open-<version>/
                             nvidia-open-kernel-source                  /usr/src/nvidia-open-kernel.tar.xz (a tarball)
 
@@ -23,6 +25,7 @@ DEB_VERSION_RE = re.compile(r"^(?:\d+:)?[0-9][A-Za-z0-9.+~:-]*$")
 
 UBUNTU = "ubuntu"
 UBUNTU_SERVER = "ubuntu-server"
+NVIDIA_REPO = "nvidia-repo"
 DEBIAN_DKMS = "debian-dkms"
 DEBIAN_TARBALL = "debian-tarball"
 
@@ -75,6 +78,8 @@ def source_package(driver_version: str, layout: dict | None = None) -> list[dict
                "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None}]
     if _server(layout, br):
         ubuntu.reverse()
+    ubuntu.append({"package": "nvidia-kernel-source-open", "layout": NVIDIA_REPO,
+                   "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None})
     debian = [{"package": "nvidia-open-kernel-dkms", "layout": DEBIAN_DKMS,
                "tree": f"/usr/src/nvidia-current-open-{driver_version}", "tarball": None},
               {"package": "nvidia-open-kernel-source", "layout": DEBIAN_TARBALL,
@@ -106,8 +111,8 @@ def choose(driver_version: str, candidates: list[dict], offered: dict[str, list[
                 return {"package": c["package"], "deb_version": v, "in_lists": True}
     br = branch_of(driver_version) if DRIVER_RE.match(driver_version or "") else None
     for c in candidates:
-        sibling = {UBUNTU: f"nvidia-kernel-common-{br}", UBUNTU_SERVER: f"nvidia-kernel-common-{br}-server"}.get(
-            c["layout"])
+        sibling = {UBUNTU: f"nvidia-kernel-common-{br}", UBUNTU_SERVER: f"nvidia-kernel-common-{br}-server",
+                   NVIDIA_REPO: "nvidia-kernel-common"}.get(c["layout"])
         v = (installed or {}).get(sibling) if sibling else None
         if v and driver_of(v) == driver_version and DEB_VERSION_RE.match(v):
             return {"package": c["package"], "deb_version": v, "in_lists": False}

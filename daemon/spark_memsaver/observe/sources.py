@@ -26,7 +26,7 @@ log = logging.getLogger("spark_memsaver.observe.sources")
 RECORD = ".spark-memsaver-source.json"      # inside each cached tree, published with it by one rename
 MEMO = ".apt-index.json"
 APT_TIMEOUT = 60
-NVIDIA_PATTERNS = ("nvidia-kernel-common-*", "nvidia-kernel-source-*", "nvidia-open-kernel-*")
+NVIDIA_PATTERNS = ("nvidia-kernel-common*", "nvidia-kernel-source*", "nvidia-open-kernel-*")
 
 
 # --- APT -----------------------------------------------------------------------------------------
