@@ -634,3 +634,17 @@ def test_monitor_real_inotify_sees_the_pending_record(tmp_path):
             GLib.source_remove(m._settle)
         for fm in m._file_monitors:
             fm.cancel()
+
+
+@needs_apt
+def test_file_system_error_is_named_and_nothing_kept(tmp_path, repo):
+    """A cache that cannot be written (here: a file where the cache directory should be) is a named error."""
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.errors import SourceFetchError
+    root = apt_root(tmp_path / "root", repo)
+    (root / paths.CACHE_DIR.lstrip("/")).mkdir(parents=True)
+    (root / paths.SOURCES_CACHE.lstrip("/")).write_text("not a directory\n")
+    with pytest.raises(SourceFetchError) as ei:
+        source_fetch.fetch(Host(root), cfg.Config(), V)
+    assert ei.value.code == "source-fetch-failed" and "nothing was kept" in ei.value.message
+    assert ei.value.remedy.startswith("Check the free space and permissions")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from spark_memsaver.decide import sources as dsrc
 from spark_memsaver.errors import (MemsaverError, SourceChecksumMismatch, SourceDownloadFailed,
-                                   SourceFetchDisabled, SourceNotInLists, SourceUnpackFailed)
+                                   SourceFetchDisabled, SourceFetchError, SourceNotInLists, SourceUnpackFailed)
 from spark_memsaver.host import Host, paths
 from spark_memsaver.host.fsutil import atomic_write, sha256_file
 from spark_memsaver.observe import sources as osrc
@@ -144,7 +144,19 @@ def _place(host: Host, tree: Path, driver_version: str) -> str:
 
 def fetch(host: Host, config, driver_version: str, progress=None, keep: set[str] | None = None) -> dict:
     """Download, verify and unpack ``driver_version``'s source into the cache (see the module doc).
-    ``keep``: the installed drivers; when given, the cache is pruned to them (plus this one) afterwards."""
+    ``keep``: the installed drivers; when given, the cache is pruned to them (plus this one) afterwards.
+    Raises a SourceFetchError subclass (named, with a remedy); a file-system error (full disk, permissions) is
+    one too, and leaves nothing behind but what prune() removes."""
+    try:
+        return _fetch(host, config, driver_version, progress, keep)
+    except OSError as e:
+        raise SourceFetchError(f"fetching the source of NVIDIA {driver_version} into {paths.SOURCES_CACHE} "
+                               f"failed: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; nothing was kept",
+                               remedy=f"Check the free space and permissions of {paths.SOURCES_CACHE}, then retry "
+                               "(sudo spark-memsaver reconcile).", driver=driver_version) from None
+
+
+def _fetch(host: Host, config, driver_version: str, progress, keep: set[str] | None) -> dict:
     t0 = time.monotonic()
     if not dsrc.DRIVER_RE.match(driver_version or ""):
         raise SourceNotInLists(f"{driver_version!r} is not an NVIDIA driver version")
