@@ -27,6 +27,7 @@ Checked in this order (each ``what`` with its stable ``code``, the same code the
                                          today (it signs, creating the key if needed) and the key must then be
                                          enrolled; listed under "then", never under "missing"
 Remedies are exact commands that work for the user who reads them (``sudo`` where root is needed).
+``support`` None means the manifest was not consulted: the manifest check is left out, the others apply.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ CODES = {"kernel": "unknown-kernel", "driver": "nvidia-ko-missing", "kernel-poli
          "manifest": "driver-unsupported", "driver-source": "driver-source-missing", "headers": "headers-missing",
          "secure-boot": "secure-boot-unknown"}
 
-ENROLL = ("run 'sudo spark-memsaver mok enroll', then confirm the key at the console on the next boot "
-           "(docs/secure-boot.md)")
+ENROLL = "run 'sudo spark-memsaver mok enroll', then confirm the key at the console on the next boot"
 
 
 def base_version(v: str | None) -> str | None:

@@ -43,7 +43,7 @@ class Verdict:
         return any(f.severity in ("warning", "error") for f in self.findings)
 
 
-def config_changed(snap: dict, config: Config) -> list[Finding]:
+def config_changed(snap: dict, config: Config, support: dict | None = None) -> list[Finding]:
     """A kernel whose installed build was made with another tier or kernel policy than the config's now."""
     from spark_memsaver.decide.plan import build_record, rebuild_command
     out = []
@@ -60,6 +60,9 @@ def config_changed(snap: dict, config: Config) -> list[Finding]:
         else:
             auto = ""
             cmd = rebuild_command(k["release"]) if ok else f"spark-memsaver remove --kernel {k['release']}"
+            missing = inst_mod.installability(snap, config, support, k["release"])["missing"] if ok else []
+            if missing:      # the rebuild would be refused: what it needs first (the same remedy install gives)
+                cmd = f"{missing[0]['remedy'].rstrip('.')}; then: {cmd}"
         out.append(Finding("config-changed", "warning",
                            f"The installed nvidia-uvm for kernel {k['release']} was built with other settings than "
                            f"the configuration's now ({', '.join(diff)})"
@@ -172,7 +175,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
                          "Stop CUDA work and run 'spark-memsaver rollback', or reboot."))
 
     # 2b. A build made with other settings than the config's now.
-    f.extend(config_changed(snap, config))
+    f.extend(config_changed(snap, config, support))
 
     # 3. Interrupted operations.
     for intent in records.get("intents", []):
