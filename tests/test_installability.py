@@ -306,3 +306,51 @@ def test_unknown_kernel_for_a_user_on_the_live_system(cmd):
     from spark_memsaver.observe.snapshot import installed_kernels
     assert e["code"] == "unknown-kernel"
     assert e["details"]["installed"] == sorted(installed_kernels(Host("/")))       # it names those that exist
+
+
+# --- the planner on pure snapshots: fetch-source once per driver; a rollback carries the piece's code ------
+
+def _pure_snap(*releases, sources=(), by_driver=None, ours=None, nv=DRV):
+    def kern(rel, running):
+        sel = ({"path": f"/lib/modules/{rel}/updates/dkms/nvidia-uvm.ko", "version": ours, "patched": True}
+               if ours else {"path": f"/lib/modules/{rel}/kernel/nvidia-580-open/nvidia-uvm.ko", "version": nv,
+                             "patched": False})
+        return {"release": rel, "running": running, "page_size": 65536, "headers": True, "uvm_selected": sel,
+                "nvidia_selected": {"path": f"/lib/modules/{rel}/kernel/nvidia-580-open/nvidia.ko", "version": nv}}
+    snap = {"host": {"kernel": releases[0], "arch": "aarch64", "page_size": 65536},
+            "driver": {"loaded_version": nv, "sources": [{"version": v, "path": f"/usr/src/nvidia-{v}",
+                                                          "open": True} for v in sources]},
+            "uvm": {"loaded": False, "patched": False}, "kernels": [kern(r, i == 0) for i, r in enumerate(releases)],
+            "dkms": {"available": True, "registrations": []}, "secure_boot": {"state": "not-needed"},
+            "holders": [], "records": {"intents": [], "rollbacks": [], "unreadable": []}}
+    if by_driver is not None:
+        snap["driver_sources"] = {"mode": "auto", "by_driver": by_driver}
+    return snap
+
+
+def _entry(fetchable, remedy=None):
+    return {"present": False, "path": None, "package": PKG, "deb_version": UBU, "in_lists": fetchable,
+            "fetchable": fetchable, "remedy": remedy}
+
+
+def test_plan_fetches_a_source_once_before_the_builds_that_need_it():
+    from spark_memsaver.decide import plan as rc
+    k2 = "6.14.0-1020-nvidia-64k"
+    s = _pure_snap(K, k2, by_driver={DRV: _entry(True)})
+    steps = rc.plan(s, cfgmod.Config(), {DRV: {"supported": True}})
+    assert [(x.action, x.kernel) for x in steps] == [("fetch-source", K), ("build-install", K), ("build-install", k2)]
+    assert steps[0].driver == DRV and PKG in steps[0].reason and UBU in steps[0].reason
+    # without the snapshot key: unknown, not fetchable -> stock, with the package to look for
+    (st,) = [x for x in rc.plan(_pure_snap(K), cfgmod.Config(), {DRV: {"supported": True}}) if x.kernel == K]
+    assert st.action == "stay-stock" and st.code == "driver-source-missing" and f"apt-cache policy {PKG}" in st.remedy
+
+
+def test_rollback_after_a_driver_change_carries_the_missing_pieces_code_and_exact_remedy():
+    from spark_memsaver.decide import plan as rc
+    exact = f"sudo apt-get install {PKG}={UBU}"
+    s = _pure_snap(K, ours="580.95.05", by_driver={DRV: _entry(False, exact)})
+    steps = rc.plan(s, cfgmod.Config(), {DRV: {"supported": True}})
+    assert [x.action for x in steps] == ["remove-override", "record-rollback"]
+    rec = steps[1]
+    assert rec.code == "driver-source-missing" and rec.remedy == exact
+    assert "changed from 580.95.05 to 580.142" in rec.reason
