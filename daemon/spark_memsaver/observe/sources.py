@@ -264,5 +264,6 @@ def observe(host: Host, config, driver: dict, kernels: list[dict], entries: list
             if rec:
                 chosen = {"package": rec.get("package"), "deb_version": rec.get("deb_version"), "in_lists": False}
         by_driver[v] = dsrc.entry(v, mode, present, chosen, lists_known=lists is not None)
-    return {"mode": mode, "apt": "unknown" if lists is None else "read", "cache": cache_summary(host, entries),
+    apt_known = lists is not None if pkgs else apt_options(host) is not None   # nothing to ask: can it be read
+    return {"mode": mode, "apt": "read" if apt_known else "unknown", "cache": cache_summary(host, entries),
             "by_driver": by_driver, "pending": pending(host)}
