@@ -290,6 +290,16 @@ def test_unknown_kernel_is_one_behaviour(args, tmp_path):
     assert K in e["message"] and K in e["remedy"]          # it names the kernels that exist
 
 
+def test_activate_when_the_running_kernel_is_not_installed(tmp_path):
+    """activate names no kernel: its kernel is the running one; with that kernel's modules gone it is the same
+    unknown-kernel (exit 2) instead of 'run install first' (which would be refused)."""
+    root = sparkroot.make_spark_root(tmp_path / "root", extra_kernels=("6.14.0-1020-nvidia-64k",))
+    shutil.rmtree(root / f"lib/modules/{K}")
+    rc, doc, err = cli(root, "activate", "--dry-run", "--json")
+    e = doc.get("error") or {}
+    assert rc == 2 and e["code"] == "unknown-kernel" and "6.14.0-1020-nvidia-64k" in e["message"], (rc, doc, err)
+
+
 @pytest.mark.parametrize("cmd", ["install", "remove", "build", "rollback"])
 def test_unknown_kernel_for_a_user_on_the_live_system(cmd):
     """A non-root user on the live system (the path that asks spark-memsaverd, or is refused as not-permitted):
