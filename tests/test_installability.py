@@ -364,3 +364,14 @@ def test_rollback_after_a_driver_change_carries_the_missing_pieces_code_and_exac
     rec = steps[1]
     assert rec.code == "driver-source-missing" and rec.remedy == exact
     assert "changed from 580.95.05 to 580.142" in rec.reason
+
+
+def test_status_when_the_running_kernel_is_not_installed(tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "root", extra_kernels=("6.14.0-1020-nvidia-64k",))
+    shutil.rmtree(root / f"lib/modules/{K}")
+    rc, doc, err = cli(root, "status", "--json", "--direct")
+    found = _findings(doc)
+    assert rc == 1 and "unknown-kernel" in found, doc["findings"]
+    assert "6.14.0-1020-nvidia-64k" in found["unknown-kernel"]["remedy"]
+    assert not [f for f in doc["findings"] if "spark-memsaver install" in f["remedy"]
+                and "--kernel" not in f["remedy"]], doc["findings"]

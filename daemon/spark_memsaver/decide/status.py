@@ -138,7 +138,9 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     sb = snap.get("secure_boot") or {}
     records = snap.get("records") or {}
     running = _running(snap)
-    decision = inst_mod.installability(snap, config, support, running["release"]) if running else None
+    # the running kernel (also one whose /lib/modules is gone: unknown-kernel); None under an image root
+    rk = running["release"] if running else (snap.get("host") or {}).get("kernel")
+    decision = inst_mod.installability(snap, config, support, rk) if rk else None
 
     # 0. Configuration notes (an old name still read).
     for note in getattr(config, "notes", ()) or ():
@@ -211,6 +213,8 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
 
     # 5. Policy for the running kernel.
     ours_selected = bool(running and (running.get("uvm_selected") or {}).get("patched"))
+    if running is None and decision is not None:
+        f.extend(install_findings(decision))
     if running is not None:
         ok, why = kernel_in_policy(running, config)
         if not ok and not ours_selected and not (uvm.get("loaded") and uvm.get("patched")):
