@@ -648,3 +648,40 @@ def test_file_system_error_is_named_and_nothing_kept(tmp_path, repo):
         source_fetch.fetch(Host(root), cfg.Config(), V)
     assert ei.value.code == "source-fetch-failed" and "nothing was kept" in ei.value.message
     assert ei.value.remedy.startswith("Check the free space and permissions")
+
+
+@needs_apt
+def test_real_dpkg_maintainer_script_defers_the_fetch(tmp_path, repo):
+    """The door as dpkg really runs it: a package's postinst (dpkg holds its lock and lock-frontend, as in the
+    dpkg trigger and the kernel hooks) runs the fetch-source step; it defers, nothing is fetched. Once dpkg has
+    exited the same step fetches."""
+    import sys
+    from spark_memsaver.observe import sources as osrc
+    root = apt_root(tmp_path / "root", repo)
+    admin = root / "var/lib/dpkg"
+    out = tmp_path / "step.json"
+    repo_root = Path(__file__).resolve().parents[1]
+    probe = tmp_path / "probe"
+    (probe / "DEBIAN").mkdir(parents=True)
+    (probe / "DEBIAN/control").write_text("Package: spark-memsaver-probe\nVersion: 1\nArchitecture: all\n"
+                                          "Maintainer: t <t@example.invalid>\nDescription: door probe\n")
+    code = ("import json, sys; from spark_memsaver.host import Host; from spark_memsaver.act import steps; "
+            "from spark_memsaver.decide import plan; from spark_memsaver import config; "
+            f"d = steps.execute(Host({str(root)!r}), config.Config(), "
+            f"[plan.Step('fetch-source', 'K', 'r', driver_to={V!r})], snap=None); "
+            f"open({str(out)!r}, 'w').write(json.dumps(d))")
+    (probe / "DEBIAN/postinst").write_text(f"#!/bin/sh\nset -e\n[ \"$1\" = configure ] || exit 0\n"
+                                           f"PYTHONPATH={repo_root / 'daemon'} {sys.executable} -c \"{code}\"\n")
+    os.chmod(probe / "DEBIAN/postinst", 0o755)
+    deb = tmp_path / "probe.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(probe), str(deb)], check=True,
+                   capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "DPKG_FRONTEND_LOCKED"}
+    p = subprocess.run(["dpkg", f"--admindir={admin}", "--log=/dev/null", "--force-not-root", "-i", str(deb)],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    done = json.loads(out.read_text())
+    assert done[0]["result"].get("deferred") is True, done
+    assert "dpkg" in done[0]["result"]["reason"] or "apt" in done[0]["result"]["reason"]
+    assert osrc.pending(Host(root))["drivers"] == [V]
+    assert not (root / paths.source_tree(V).lstrip("/")).exists()
