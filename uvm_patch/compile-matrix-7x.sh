@@ -1,5 +1,5 @@
 #!/bin/sh
-# compile-matrix-7x.sh VERSION CELL [OUTDIR] [--no-stock] [--shim]
+# compile-matrix-7x.sh VERSION CELL [OUTDIR] [--no-stock] [--shim] [--ours-only]
 #
 # One Linux 7.x compile-matrix cell: uvm_patch/compile-matrix.sh run inside the Debian 13 (trixie) build
 # root of tests/support/matrix7.py (gcc-14, as Debian's 7.x kernels are built; Debian's real
@@ -9,9 +9,10 @@
 #   VERSION  NVIDIA driver version whose tree tests/support/nvsrc.py provides (Debian's, or exported from a
 #            clone of NVIDIA/open-gpu-kernel-modules: python3 tests/support/nvsrc.py git-export CLONE TAG)
 #   CELL     amd64 | arm64-4k | arm64-16k | arm64-64k
-#   --no-stock  skip the stock build (STOCK=0);  --shim  OF_GPIO_SHIM=1 (see compile-matrix.sh)
+#   --no-stock  skip the stock build (STOCK=0);  --shim  OF_GPIO_SHIM=1;  --ours-only  OURS_ONLY=1
+#   (conftests + uvm_mmu.o + uvm_pt_pack.o only; see compile-matrix.sh)
 #
-# Exit codes as compile-matrix.sh: 0 pass, 1 fail, 3 stock-fails (NVIDIA's tree does not build there).
+# Exit codes as compile-matrix.sh: 0 pass (or ours-compile), 1 fail, 3 stock-fails (NVIDIA's tree does not build there).
 # Environment: SPARK_MEMSAVER_TEST_CACHE, JOBS, REPO (a checkout to bind at /repo instead of this one).
 set -eu
 [ $# -ge 2 ] || { sed -n '2,3p' "$0" >&2; exit 2; }

@@ -25,6 +25,8 @@
 #   BOTH trees' common/inc/linux/ (NVIDIA's nv-linux.h includes it unconditionally; only nvidia.ko's DSI
 #   panel code uses it, never nvidia-uvm). Not a fix of NVIDIA's tree: a way to compile past it, recorded
 #   in result.json ("shims"); without it such a kernel gives "stock-fails".
+#   OURS_ONLY=1 (implies STOCK=0): the conftests and our two objects (uvm_mmu.o, uvm_pt_pack.o) only, no
+#   module: no warning in uvm_mmu.[ch]/uvm_pt_pack.[ch], W=1 clean -> status "ours-compile" (exit 0).
 # Also checked: uvm_pt_pack.o is rebuilt alone with W=1 inside the patched module build (kbuild single
 #   target, same flags + W=1); a warning in uvm_pt_pack.[ch] fails the cell.
 # Output: OUTDIR/{stock,patched,w1}.log, OUTDIR/result.json, one summary line on stdout.
@@ -37,6 +39,7 @@ usage() { sed -n '2,3p' "$0" >&2; exit 2; }
 SRC=$(realpath "$1"); KDIR=$(realpath "$2"); ARCH=$3
 HERE=$(dirname "$(realpath "$0")"); REPO=$(dirname "$HERE")
 JOBS=${JOBS:-2}; STOCK=${STOCK:-1}; PYTHON=${PYTHON:-/usr/bin/python3}; OF_GPIO_SHIM=${OF_GPIO_SHIM:-0}
+OURS_ONLY=${OURS_ONLY:-0}; [ "$OURS_ONLY" = 1 ] && STOCK=0
 
 VERSION=$(sed -n 's/.*-DNV_VERSION_STRING=\\"\([^\\"]*\)\\".*/\1/p' "$SRC/Kbuild" | head -1)
 [ -n "$VERSION" ] || { echo "cannot read NV_VERSION_STRING from $SRC/Kbuild" >&2; exit 2; }
@@ -87,14 +90,19 @@ first_error() {  # $1 log, $2 tree -> first compiler/make error, tree path and c
 CCX=$(sed -n 's/^CONFIG_CC_VERSION_TEXT="\([^ "]*\).*/\1/p' "$SYSOUT/.config")
 command -v "$CCX" >/dev/null 2>&1 || CCX=gcc
 [ "$ARCH" = x86_64 ] || CCX=${CROSS}gcc   # cross builds name CC explicitly (MAKEARCH)
-w1_pool() {  # $1 tree: rebuild nvidia-uvm/uvm_pt_pack.o alone, same kbuild flags + W=1 -> $OUT/w1.log
-  local kb=()
+kbuild_targets() {  # $1 tree, $2 log name, $3.. make args/targets: kbuild directly, as NVIDIA's Makefile calls it
+  local t=$1 name=$2 kb=() t0 rc=0; shift 2
   [ "$SYSOUT" = "$SYSSRC" ] || kb=(KBUILD_OUTPUT="$SYSOUT")
+  t0=$(date +%s)
+  ( cd "$t" && env KBUILD_MODPOST_WARN=1 nice -n 5 make -k -j"$JOBS" -C "$SYSSRC" ${kb[@]+"${kb[@]}"} M="$t" \
+        "CC=$CCX" "${MAKEARCH[@]}" NV_KERNEL_SOURCES="$SYSSRC" NV_KERNEL_OUTPUT="$SYSOUT" \
+        NV_KERNEL_MODULES="nvconftest nvidia-uvm" NV_SPECTRE_V2=0 "$@" ) > "$OUT/$name.log" 2>&1 || rc=$?
+  echo $(( $(date +%s) - t0 )) > "$OUT/$name.seconds"
+  return $rc
+}
+w1_pool() {  # $1 tree: rebuild nvidia-uvm/uvm_pt_pack.o alone, same kbuild flags + W=1 -> $OUT/w1.log
   rm -f "$1/nvidia-uvm/uvm_pt_pack.o"
-  ( cd "$1" && env KBUILD_MODPOST_WARN=1 nice -n 5 make -C "$SYSSRC" ${kb[@]+"${kb[@]}"} M="$1" "CC=$CCX" \
-        "${MAKEARCH[@]}" NV_KERNEL_SOURCES="$SYSSRC" NV_KERNEL_OUTPUT="$SYSOUT" \
-        NV_KERNEL_MODULES="nvconftest nvidia-uvm" NV_SPECTRE_V2=0 W=1 nvidia-uvm/uvm_pt_pack.o ) \
-        > "$OUT/w1.log" 2>&1
+  kbuild_targets "$1" w1 W=1 nvidia-uvm/uvm_pt_pack.o
 }
 
 build() {  # $1 tree, $2 name -> $OUT/$2.log, $OUT/$2.seconds, rc
@@ -171,12 +179,16 @@ fi
 rm -rf "$OUT/conftest.reuse"
 log "patched build ($ARCH, $KREL${CONFTEST_REUSED/true/, conftest results of the stock build})"
 PATCHED_RC=0
-build "$OUT/patched" patched || PATCHED_RC=$?
+if [ "$OURS_ONLY" = 1 ]; then  # conftests + our two objects only (no module, no link)
+  kbuild_targets "$OUT/patched" patched nvidia-uvm/uvm_mmu.o nvidia-uvm/uvm_pt_pack.o || PATCHED_RC=$?
+else
+  build "$OUT/patched" patched || PATCHED_RC=$?
+fi
 KO="$OUT/patched/nvidia-uvm.ko"
 PATCHED_ERR=""
 [ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || PATCHED_ERR=$(first_error "$OUT/patched.log" "$OUT/patched")
 errors "$OUT/patched.log" "$OUT/patched" > "$OUT/patched.errors"
-OURS_BUILT=$(for o in uvm_pt_pack.o uvm_mmu.o; do [ -f "$OUT/patched/nvidia-uvm/$o" ] && echo "$o"; done | tr '\n' ' ')
+OURS_BUILT=$(for o in uvm_pt_pack.o uvm_mmu.o; do [ ! -f "$OUT/patched/nvidia-uvm/$o" ] || echo "$o"; done | tr '\n' ' ')
 W1_WARN=null; W1_OURS=null; W1_RC=0
 if [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ]; then
   log "uvm_pt_pack.o again with W=1"
@@ -193,7 +205,11 @@ if [ "$W1_OURS" != null ]; then
 else
   FAIL+=("uvm_pt_pack.o was not built")
 fi
-[ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || FAIL+=("patched build failed rc=$PATCHED_RC: ${PATCHED_ERR:-no error line}")
+if [ "$OURS_ONLY" = 1 ]; then
+  [ "$OURS_BUILT" = "uvm_pt_pack.o uvm_mmu.o " ] || FAIL+=("our objects not built (${OURS_BUILT:-none}): ${PATCHED_ERR:-no error line}")
+else
+  [ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || FAIL+=("patched build failed rc=$PATCHED_RC: ${PATCHED_ERR:-no error line}")
+fi
 warnings "$OUT/patched.log" "$OUT/patched" > "$OUT/patched.warnings"
 OURS=$(grep -E 'uvm_pt_pack|spark-memsaver|pt_pack_' "$OUT/patched.warnings" || true)
 [ -z "$OURS" ] || FAIL+=("warnings from our code: $(echo "$OURS" | head -3 | tr '\n' ' ')")
@@ -233,6 +249,7 @@ PAGE64K=null
 NW_STOCK=$( [ -f "$OUT/stock.warnings" ] && wc -l < "$OUT/stock.warnings" || echo null)
 NW_PATCHED=$(wc -l < "$OUT/patched.warnings")
 STATUS=pass; [ ${#FAIL[@]} = 0 ] || STATUS=fail
+[ "$OURS_ONLY" = 1 ] && [ "$STATUS" = pass ] && STATUS=ours-compile
 NERR_STOCK=$( [ -f "$OUT/stock.errors" ] && wc -l < "$OUT/stock.errors" || echo 0)
 NERR_PATCHED=$(wc -l < "$OUT/patched.errors")
 if [ "$STOCK_RC" != 0 ]; then
@@ -272,10 +289,10 @@ json.dump({"version": "$VERSION", "arch": "$ARCH", "kernel": "$KREL", "arm64_64k
            "shims": "${SHIMS[*]:-}".split(), "pool_sha256_16": "${POOL_SHA:-}",
            "kernel_cc": """$CCTEXT""", "cc_used": """$CCUSED""",
            "undefined_new": "${NEWU:-}".split(), "conftest_reused": $CONFTEST_REUSED,
-           "errors_stock": $NERR_STOCK, "errors_patched": $NERR_PATCHED, "ours_built": "$OURS_BUILT".split()},
+           "ours_only": $([ "$OURS_ONLY" = 1 ] && echo true || echo false), "errors_stock": $NERR_STOCK, "errors_patched": $NERR_PATCHED, "ours_built": "$OURS_BUILT".split()},
           open(sys.argv[1], "w"), indent=2)
 EOF
 # Keep the .ko and logs; drop the object files to save space.
 find "$OUT/patched" -name '*.o' -delete 2>/dev/null || true
 echo "$STATUS $VERSION $ARCH ${PAGESZ} $KREL stock=${STOCK_S}s patched=$(cat "$OUT/patched.seconds")s warnings stock=$NW_STOCK patched=$NW_PATCHED w1=$W1_OURS/$W1_WARN ${SHIMS[*]:+shims=${SHIMS[*]}} ${STOCK_ERR:+stock_error=$STOCK_ERR} ${FAIL[*]:-}"
-case "$STATUS" in pass) exit 0 ;; stock-fails) exit 3 ;; *) exit 1 ;; esac
+case "$STATUS" in pass|ours-compile) exit 0 ;; stock-fails) exit 3 ;; *) exit 1 ;; esac

@@ -24,7 +24,7 @@ Command line::
 
     python3 tests/support/matrix7.py root [--64k]  # build/warm the cache (--64k: and the 64 KiB tree), print it
     python3 tests/support/matrix7.py run CMD...    # run CMD inside (repo at /repo, cache at the same path)
-    python3 tests/support/matrix7.py cell VERSION {amd64|arm64-4k|arm64-16k|arm64-64k} OUTDIR [--no-stock] [--shim]
+    python3 tests/support/matrix7.py cell VERSION {amd64|arm64-4k|arm64-16k|arm64-64k} OUTDIR [--no-stock] [--shim] [--ours-only]
                                                    # one matrix cell (uvm_patch/compile-matrix-7x.sh wraps it)
 """
 
@@ -78,7 +78,8 @@ CELLS = {"amd64": ("x86_64", 4096), "arm64-4k": ("arm64", 4096), "arm64-16k": ("
          "arm64-64k": ("arm64", 65536)}
 
 
-def cell(version: str, name: str, out: Path, *, stock: bool = True, shim: bool = False, jobs: int = 2,
+def cell(version: str, name: str, out: Path, *, stock: bool = True, shim: bool = False, ours_only: bool = False,
+         jobs: int = 2,
          repo: Path = REPO, timeout: int = 3600) -> tuple[int, str, dict | None]:
     """Run uvm_patch/compile-matrix.sh for NVIDIA `version` against cell `name` inside the build root.
 
@@ -90,6 +91,7 @@ def cell(version: str, name: str, out: Path, *, stock: bool = True, shim: bool =
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {"JOBS": str(jobs), "STOCK": "1" if stock else "0", "OF_GPIO_SHIM": "1" if shim else "0",
+           "OURS_ONLY": "1" if ours_only else "0",
            "PYTHON": "/usr/bin/python3"}
     p = br.run(["/repo/uvm_patch/compile-matrix.sh", src, tree(br, name), arch, out], binds_rw=[out.parent],
                env=env, repo=repo, timeout=timeout)
@@ -270,7 +272,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["cell"] and len(argv) >= 4:
         # cell VERSION NAME OUTDIR [--no-stock] [--shim]; REPO=<dir> binds another checkout at /repo
         rc, text, _ = cell(argv[1], argv[2], Path(argv[3]), stock="--no-stock" not in argv,
-                           shim="--shim" in argv, jobs=int(os.environ.get("JOBS", "2")),
+                           shim="--shim" in argv, ours_only="--ours-only" in argv, jobs=int(os.environ.get("JOBS", "2")),
                            repo=Path(os.environ.get("REPO", REPO)))
         print(text, end="")
         return rc
