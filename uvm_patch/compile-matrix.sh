@@ -132,10 +132,12 @@ modinfo_f() {  # $1 key, $2 .ko: like modinfo -F, for any architecture (reads .m
 
 undefined_ours() {  # $1 tree, $2 .ko -> symbols our objects need that neither the kernel exports, nor the
   # module defines, nor any stock NVIDIA object of the same build also needs (config artefacts of the tree)
+  # $2 = "-" (no module linked: a stock-fails cell): what the built objects define stands for the module
   local t=$1
   comm -23 <(${CROSS}nm -u "$t/nvidia-uvm/uvm_pt_pack.o" "$t/nvidia-uvm/uvm_mmu.o" | awk 'NF==2 {print $2}' | sort -u) \
     <( { awk '{print $2}' "$SYSOUT/Module.symvers"
-         ${CROSS}nm --defined-only "$2" | awk '{print $3}'
+         if [ "$2" = - ]; then find "$t/nvidia-uvm" -name '*.o' -print0 | xargs -0 ${CROSS}nm --defined-only \
+           | awk 'NF==3 {print $3}'; else ${CROSS}nm --defined-only "$2" | awk '{print $3}'; fi
          find "$t/nvidia-uvm" -name '*.o' ! -name uvm_pt_pack.o ! -name uvm_mmu.o -print0 \
            | xargs -0 ${CROSS}nm -u | awk 'NF==2 {print $2}'; } | sort -u ) || true
 }
@@ -230,6 +232,10 @@ if [ -f "$KO" ]; then
     NEWU=$(echo $NEWU)
   fi
   [ -z "$NEWU" ] || FAIL+=("undefined symbols: $(echo $NEWU)")
+elif [ "$OURS_ONLY" != 1 ] && [ "$OURS_BUILT" = "uvm_pt_pack.o uvm_mmu.o " ]; then
+  undefined_ours "$OUT/patched" - > "$OUT/patched.undefined-ours"
+  NEWU=$(echo $(cat "$OUT/patched.undefined-ours"))
+  [ -z "$NEWU" ] || FAIL+=("undefined symbols of our objects: $NEWU")
   PARMS=$(modinfo_f parm "$KO" | sed -n 's/^\(uvm_pt_pack[a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')
   TAG=$(modinfo_f spark_memsaver "$KO")
   KOVER=$(modinfo_f version "$KO")
@@ -255,9 +261,10 @@ NERR_PATCHED=$(wc -l < "$OUT/patched.errors")
 if [ "$STOCK_RC" != 0 ]; then
   # The unpatched tree does not build here. Not ours only if the patched tree fails with exactly the same
   # errors (line numbers dropped) and everything else of ours still holds: our objects compiled where the
-  # stock ones did, no warning from our code, W=1 clean. (No module is linked: no symbol/.ko checks.)
+  # stock ones did, no warning from our code, W=1 clean, no undefined symbol of our objects that the built
+  # objects + kernel do not provide. (No module is linked: no .ko checks.)
   OTHER=()
-  for f in "${FAIL[@]}"; do case "$f" in "patched build failed"*|"undefined symbols"*) ;; *) OTHER+=("$f") ;; esac; done
+  for f in ${FAIL[@]+"${FAIL[@]}"}; do case "$f" in "patched build failed"*) ;; *) OTHER+=("$f") ;; esac; done
   if [ "$NERR_STOCK" -gt 0 ] && cmp -s "$OUT/stock.errors" "$OUT/patched.errors" && [ ${#OTHER[@]} = 0 ] \
      && ! grep -q 'nvidia-uvm/uvm_pt_pack\.[ch]:' "$OUT/stock.errors"; then
     STATUS=stock-fails
