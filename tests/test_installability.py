@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from spark_memsaver import config as cfgmod
@@ -234,6 +235,7 @@ def test_status_recommends_install_iff_install_proceeds(name, tmp_path):
     # 1. status (the real CLI)
     rc, doc, err = cli(root, "status", "--json", "--direct", config=cfgpath)
     assert rc in (0, 1), err
+    jsonschema.validate(doc, json.loads((REPO / "daemon/spark_memsaver/report/status.schema.json").read_text()))
     found = _findings(doc)
     recommends = [f["code"] for f in doc["findings"] if "spark-memsaver install" in f["remedy"]]
     if d["can_install"]:
