@@ -142,8 +142,8 @@ def _source(snap: dict, config, drv: str) -> tuple[dict | None, dict | None]:
         return None, {"driver": drv, "package": entry.get("package"), "deb_version": entry.get("deb_version")}
     want = f"the NVIDIA open kernel-module source of {drv} is not installed (no /usr/src/nvidia-{drv})"
     pkg, ver = (entry or {}).get("package"), (entry or {}).get("deb_version")
-    if entry is None:
-        why = "whether APT can fetch it is not known"
+    if entry is None or (ds.get("apt") == "unknown" and not (pkg and ver)):
+        why = "APT's lists could not be read here, so whether it can be fetched is not known"
     elif pkg and ver and entry.get("in_lists"):
         why = f"{pkg} {ver} is in the APT lists but source_fetch is '{ds.get('mode', 'never')}'"
     elif pkg and ver:
