@@ -203,6 +203,9 @@ FAIL=()
 if [ "$W1_OURS" != null ]; then
   [ "$W1_RC" = 0 ] && [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ] || FAIL+=("W=1 rebuild of uvm_pt_pack.o failed rc=$W1_RC (see w1.log)")
   grep -q 'CC \[M\] .*nvidia-uvm/uvm_pt_pack\.o' "$OUT/w1.log" || FAIL+=("W=1 step did not compile uvm_pt_pack.o")
+  # scripts/Makefile.extrawarn's W=1 set really reached the compiler (-Wmissing-include-dirs is W=1-only)
+  grep -q -- '-Wmissing-include-dirs' "$OUT/patched/nvidia-uvm/.uvm_pt_pack.o.cmd" 2>/dev/null \
+    || FAIL+=("W=1 flags missing from uvm_pt_pack.o's command line")
   [ "$W1_OURS" = 0 ] || FAIL+=("W=1 warnings in uvm_pt_pack.[ch]: $(grep -E 'uvm_pt_pack\.[ch]:[0-9]+:[0-9]+: warning: ' "$OUT/w1.log" | head -3 | tr '\n' ' ')")
 else
   FAIL+=("uvm_pt_pack.o was not built")
