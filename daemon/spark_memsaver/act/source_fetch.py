@@ -198,7 +198,11 @@ def _fetch(host: Host, config, driver_version: str, progress, keep: set[str] | N
         dl = staging / "deb"
         dl.mkdir(mode=0o700)
         try:
-            r = host.run(["apt-get", *opts, "-q", "download", f"{pkg}={ver}"], cwd=str(dl), timeout=DOWNLOAD_TIMEOUT)
+            # APT::Sandbox::User=root: apt would drop to _apt for the download, which needs CAP_SETUID/SETGID;
+            # spark-memsaverd's unit has neither (its sandbox is the boundary), and the staging directory is
+            # root-only 0700 anyway. The .deb is verified against the lists' SHA256 below either way.
+            r = host.run(["apt-get", *opts, "-o", "APT::Sandbox::User=root", "-q", "download", f"{pkg}={ver}"],
+                         cwd=str(dl), timeout=DOWNLOAD_TIMEOUT)
         except MemsaverError as e:
             raise SourceDownloadFailed(f"apt-get download {pkg}={ver}: {e.message}", remedy=f"Retry, or run '{cmd}'.")
         out = (r.stderr or "") + (r.stdout or "")
