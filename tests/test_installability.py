@@ -276,6 +276,13 @@ def test_status_recommends_install_iff_install_proceeds(name, tmp_path):
         assert e["message"].startswith(GATE_PREFIX)
         assert not (root / "var/lib/spark-memsaver/intents").exists() or \
             not list((root / "var/lib/spark-memsaver/intents").iterdir())        # refused before acting
+        # build: the same refusal (a build loads nothing, so the Secure Boot state does not stop it)
+        rc, doc, err = cli(root, "build", "--kernel", K, "--json", config=cfgpath)
+        e = doc.get("error") or {}
+        if first["code"] == "secure-boot-unknown":
+            assert not e.get("message", "").startswith(GATE_PREFIX), e
+        else:
+            assert rc == 1 and e["code"] == first["code"] and e["remedy"] == first["remedy"], doc
 
 
 # --- unknown kernel: one behaviour for every command ---------------------------------------------------

@@ -2,7 +2,7 @@
 
 * :func:`observe` -- the snapshot the planner sees (act/executor.observe_for_plan) and the manifest's verdict
   for its drivers: what ``status``, ``install`` and ``reconcile`` decide from, so they cannot disagree.
-* :func:`require` -- ``install --kernel K`` refuses before anything is written with the code and remedy that
+* :func:`require` -- ``install --kernel K`` (and ``build``, Secure Boot aside) refuses before anything is written with the code and remedy that
   ``status`` shows for the same missing piece (the named error class of that code); when the driver's source
   can be fetched (decide: ``needs_fetch``) it is fetched first (act/source_fetch.py).
 * :func:`check_kernel` -- the one ``unknown-kernel`` refusal (exit 2) of every command that names a kernel.
@@ -45,11 +45,14 @@ def refusal(decision: dict) -> errors.MemsaverError:
     return err
 
 
-def require(host: Host, config: Config, kernel: str, progress=None) -> dict:
+def require(host: Host, config: Config, kernel: str, progress=None, ignore: tuple = ()) -> dict:
     """Refuse (named, with status's code and remedy) unless ``kernel`` can get our module now; fetch the
-    driver's source first when that is what is missing and it can be fetched. Returns the decision."""
+    driver's source first when that is what is missing and it can be fetched. Returns the decision.
+    ``ignore``: codes that do not block this operation (``build`` signs but loads nothing: not the Secure
+    Boot state)."""
     snap, support = observe(host, config)
     d = installability(snap, config, support, kernel)
+    d["missing"] = [m for m in d["missing"] if m["code"] not in ignore]
     if d["missing"]:
         raise refusal(d)
     if d["needs_fetch"]:

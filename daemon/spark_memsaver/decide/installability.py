@@ -6,7 +6,9 @@ decide/plan.py (why a kernel stays stock; the ``fetch-source`` step), act/instal
 with the same code and remedy as status) and through them by ``reconcile`` and the daemon.
 
     installability(snap, config, support, kernel_release) ->
-      {"kernel": K, "can_install": bool, "needs_fetch": bool,     # can_install is True also when needs_fetch
+      {"kernel": K, "can_install": bool, "needs_fetch": bool,     # can_install is True also when needs_fetch;
+                                                                  # needs_fetch: the source is fetchable (said
+                                                                  # even when another piece is missing)
        "driver": "580.142"|None, "qualification": "compile-verified"|"untested"|None,
        "fetch": {"driver", "package", "deb_version"}|None,          # what the fetch-source step gets
        "missing": [{"what", "code", "detail", "remedy"}],          # each one blocks install (can_install False)
@@ -212,8 +214,6 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
                                       + ": the module will not load until the key is trusted",
                             "remedy": signing_remedy(sb)})
     out["can_install"] = not miss
-    if miss:
-        out["needs_fetch"], out["fetch"] = False, None
     return out
 
 
