@@ -384,3 +384,16 @@ def test_status_when_the_running_kernel_is_not_installed(tmp_path):
     assert "6.14.0-1020-nvidia-64k" in found["unknown-kernel"]["remedy"]
     assert not [f for f in doc["findings"] if "spark-memsaver install" in f["remedy"]
                 and "--kernel" not in f["remedy"]], doc["findings"]
+
+
+def test_fetchable_source_beside_another_missing_piece_recommends_nothing(tmp_path):
+    """The source is fetchable but the headers are missing: install would be refused, so no remedy says
+    install (not even the note about the fetch), and the decision still says the source is fetchable."""
+    root = sparkroot.make_spark_root(tmp_path / "root", headers=False)
+    shutil.rmtree(root / f"usr/src/nvidia-{DRV}")
+    _dkms(root)
+    _apt(tmp_path, root, [(UBU, DRV)])
+    d, _ = _decide(root, None)
+    assert not d["can_install"] and d["needs_fetch"] and [m["code"] for m in d["missing"]] == ["headers-missing"]
+    rc, doc, err = cli(root, "status", "--json", "--direct")
+    assert rc == 1 and not [f for f in doc["findings"] if "spark-memsaver install" in f["remedy"]], doc["findings"]

@@ -98,7 +98,7 @@ def install_findings(decision: dict) -> list[Finding]:
     k = decision["kernel"]
     out = [Finding(m["code"], "warning", _cap(m["detail"]), m["remedy"], k)
            for m in decision["missing"] if m["code"] not in _SAID_ELSEWHERE]
-    f = decision.get("fetch") if decision.get("needs_fetch") else None
+    f = decision.get("fetch") if decision.get("needs_fetch") and decision["can_install"] else None
     if f:
         what = " ".join(x for x in (f.get("package"), f.get("deb_version")) if x)
         out.append(Finding("driver-source-fetchable", "info",
