@@ -182,23 +182,33 @@ def _reconcile(host, config, progress, problems, kernels=None, rebuild=None, dry
 
 def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) -> dict:
     """APT's DPkg::Pre-Install-Pkgs door: remove our override before dpkg unpacks a different NVIDIA
-    driver. The removals go on when no record can be written (defect 4): a failed record must never leave
-    the override in place across a driver upgrade."""
+    driver for ITS kernel (decide/apt.assess, from the facts act/apt_facts.py reads out of the .debs): a
+    package for a new kernel never touches another kernel's override. The removals go on when no record can
+    be written (defect 4): a failed record must never leave the override in place across a driver upgrade."""
+    from spark_memsaver.act import apt_facts
+    from spark_memsaver.decide import apt as apt_plan
+    chg = apt_facts.gather(host, chg)
+    for c in chg:
+        c["effect"] = apt_plan.package_effect(c)
     snap = observe.snapshot(host, config)
-    steps = rc.pre_install_plan(snap, chg)
+    verdict = apt_plan.assess(snap, chg)
+    steps = verdict["steps"]
     results = st.execute(host, config, steps, snap, progress, problems)
     # what the system looked like when we acted: proves the removal came before dpkg unpacked
     intents.append_history(host, {"event": "apt-pre-install", "time": intents.now(),
                                   "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}" for c in chg],
                                   "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
-                                  "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")]})
+                                  "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")],
+                                  "kept": [n["kernel"] for n in verdict["notes"] if "kept" in n["message"]]})
     for s, r in zip(steps, results):
         if r.get("ok"):
             # say why in status even if the post step never runs (e.g. the upgrade is aborted)
-            rio.write_rollback(host, s.kernel, s.reason, problems, code="driver-changing",
+            rio.write_rollback(host, s.kernel, s.reason, problems, code=s.code or "driver-changing",
                                remedy="spark-memsaver rebuilds for the new driver after the upgrade when it is "
                                "supported.", driver_from=s.driver_from, driver_to=s.driver_to)
-    return {"ok": all(r.get("ok") for r in results), "changes": chg, "steps": results}
+    return {"ok": all(r.get("ok") for r in results), "changes": [{k: v for k, v in c.items() if k != "facts"}
+                                                                  for c in chg],
+            "steps": results, "notes": verdict["notes"]}
 
 
 def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
