@@ -397,3 +397,16 @@ def test_fetchable_source_beside_another_missing_piece_recommends_nothing(tmp_pa
     assert not d["can_install"] and d["needs_fetch"] and [m["code"] for m in d["missing"]] == ["headers-missing"]
     rc, doc, err = cli(root, "status", "--json", "--direct")
     assert rc == 1 and not [f for f in doc["findings"] if "spark-memsaver install" in f["remedy"]], doc["findings"]
+
+
+def test_a_rollback_record_advising_install_is_not_repeated_while_install_would_be_refused(tmp_path):
+    """A rollback record written when a build failed says to retry with install; the source is gone since:
+    status says rolled-back with what is missing now, never the stale 'spark-memsaver install'."""
+    root = v_no_source(tmp_path)[0]
+    sparkroot.write(root, f"/var/lib/spark-memsaver/rollbacks/{K}.json", json.dumps(
+        {"kernel": K, "time": "2026-12-01T00:00:00Z", "reason": "building for driver 580.142 failed: make failed",
+         "code": "build-failed", "remedy": f"spark-memsaver install --kernel {K}", "driver_to": DRV}))
+    rc, doc, err = cli(root, "status", "--json", "--direct")
+    assert doc["state"] == "rolled-back", doc
+    assert not [f for f in doc["findings"] if "spark-memsaver install" in f["remedy"]], doc["findings"]
+    assert "driver-source-missing" in _findings(doc)["rolled-back"]["remedy"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
@@ -268,10 +269,13 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     rollbacks = records.get("rollbacks", [])
     if rollbacks and not ours_selected:
         last = sorted(rollbacks, key=lambda r: str(r.get("time", "")))[-1]
+        remedy = last.get("remedy") or ("Nothing is broken: the stock module is in use. The patch comes back by "
+                                        "itself when a supported driver is installed.")
+        if decision is not None and not decision["can_install"] and re.search(r"spark-memsaver (install|build)",
+                                                                               remedy):
+            remedy = install_advice(decision)[1]   # the record's advice would be refused now: what is missing
         f.append(Finding("rolled-back", "warning",
-                         f"Rolled back to the stock nvidia-uvm: {last.get('reason', 'no reason recorded')}.",
-                         last.get("remedy") or "Nothing is broken: the stock module is in use. The patch comes "
-                         "back by itself when a supported driver is installed."))
+                         f"Rolled back to the stock nvidia-uvm: {last.get('reason', 'no reason recorded')}.", remedy))
         return Verdict("rolled-back", f)
 
     # 8. On disk.
