@@ -400,3 +400,21 @@ def test_tty_progress_keeps_one_live_line(tmp_path):
     assert text.count("\n") < 12                                      # stages on their own lines
     assert text.count("\r\033[K") >= 100                              # the file count updated in place
     assert "compiling nvidia-uvm: 122/122 files" in text
+
+
+def test_after_dpkg_the_plan_touches_only_the_new_kernel(node, tmp_path):
+    """After the new kernel's modules package is unpacked (dpkg-deb -x, depmod, as dpkg + its postinst do),
+    the reconcile the trigger and Post-Invoke run plans nothing for the kernels whose override matches."""
+    new = modules_deb(tmp_path, K3, DRV)
+    lines, _ = door(node, apt_hook_input(node, tmp_path, [str(new)]))
+    subprocess.run(["dpkg-deb", "-x", str(new), str(node)], check=True)
+    subprocess.run(["depmod", "-b", str(node), K3], check=True, capture_output=True)
+    before = {k: override(node, k) for k in (K1, K2)}
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(node), "reconcile", "--dry-run",
+                        "--json"], capture_output=True, text=True, env=env, timeout=120)
+    steps = json.loads(r.stdout)["steps"]
+    assert {s["action"] for s in steps if s.get("kernel") in (K1, K2)} == {"ok"}, steps
+    assert [s["kernel"] for s in steps if s["action"] not in ("ok",)] == [K3], steps
+    assert {k: override(node, k) for k in (K1, K2)} == before
