@@ -13,6 +13,8 @@ Kernels (``kernel(kind) -> Kernel``):
                   by sid / experimental / trixie-backports); out-of-tree modules are built against the same
                   linux-source prepared with that image's own .config (Debian's headers want gcc-14, which
                   Debian 12 lacks: see docs/kernel-tests.md).
+  ``debian-6.12-4k`` / ``debian-6.12-16k``  the same from trixie's 6.12 (NVIDIA's trees include
+                  linux/of_gpio.h, which 7.2 and 7.3 dropped: tests/test_kernel_pagetree.py uses these).
 
 ``selftest_module(kernel)`` builds tests/kernel/selftest with uvm_patch/src/uvm_pt_pack.[ch] copied in
 unchanged; ``initramfs(files)`` packs busybox-static:arm64 + tests/kernel/init.sh; ``boot(...)`` runs
@@ -39,7 +41,7 @@ except ImportError:  # pragma: no cover
 REPO = Path(__file__).resolve().parents[2]
 KDIR = REPO / "tests" / "kernel"
 CROSS = "aarch64-linux-gnu-"
-SUITES = ("sid", "experimental", "trixie-backports")
+SUITES = ("sid", "experimental", "trixie-backports", "trixie")
 _READY = ".ready"
 
 
@@ -183,10 +185,10 @@ def debug_kernel_64k() -> Kernel:
     return Kernel("debug-64k", tree / "arch/arm64/boot/Image", tree, rel, 65536)
 
 
-def debian_kernel(flavour: str) -> Kernel:
-    """flavour: 'arm64' (4 KiB pages) or 'arm64-16k'."""
+def debian_kernel(flavour: str, major: str = "7.") -> Kernel:
+    """flavour: 'arm64' (4 KiB pages) or 'arm64-16k'; major: the version prefix to pick the newest of."""
     opts = _apt()
-    version = newest_version(opts, f"linux-image-{flavour}")
+    version = newest_version(opts, f"linux-image-{flavour}", major)
     abi = _abi(opts, version, flavour)
     base = cache.cache_dir() / "kernel" / f"debian-{flavour}-{version}"
     if not (base / _READY).exists():
@@ -194,7 +196,9 @@ def debian_kernel(flavour: str) -> Kernel:
             if not (base / _READY).exists():
                 shutil.rmtree(base, ignore_errors=True)
                 base.mkdir(parents=True)
-                debs = download(opts, [f"linux-binary-{abi}-{flavour}:arm64={version}",
+                # 7.x packs the kernel and its modules as linux-binary-*; 6.x (trixie) as linux-image-*
+                binary = "linux-binary" if version.startswith("7.") else "linux-image"
+                debs = download(opts, [f"{binary}-{abi}-{flavour}:arm64={version}",
                                        f"linux-headers-{abi}-{flavour}:arm64={version}"], base / "debs")
                 for d in debs:
                     _run(["dpkg-deb", "-x", d, base / "x"])
@@ -225,6 +229,11 @@ def kernel(kind: str) -> Kernel:
         return debian_kernel("arm64")
     if kind == "debian-16k":
         return debian_kernel("arm64-16k")
+    if kind in ("debian-6.12-4k", "debian-6.12-16k"):
+        # trixie's 6.12: NVIDIA's trees include linux/of_gpio.h, which 7.2 and 7.3 no longer have
+        # (docs/kernel-tests.md, "NVIDIA's page-tree tests")
+        k = debian_kernel("arm64" if kind.endswith("-4k") else "arm64-16k", "6.12.")
+        return dataclasses.replace(k, kind=kind)
     raise ValueError(kind)
 
 

@@ -139,15 +139,20 @@ def initramfs(built: Built, runner: Path, dest: Path) -> Path:
     return dest
 
 
+def cache_key(k: qemu.Kernel, version: str, digest: str) -> str:
+    return f"{version}-{k.kind}-{k.release}-{digest}"
+
+
 def cached_build(k: qemu.Kernel, version: str) -> Built:
-    """build() once per (kernel, version, inputs) under the cache; inputs = our files that go into it."""
+    """build() once per (kernel, version, inputs) under the cache; inputs = our files that go into the modules
+    (the pool, the branch patches, the stand-in); a change to build() itself needs the cache entry removed."""
     import hashlib
     h = hashlib.sha256()
     for f in sorted([*(REPO / "uvm_patch/src").iterdir(), *(KDIR / "standin-rm").iterdir(),
-                     *(REPO / "uvm_patch/patches").rglob("*.patch"), Path(__file__)]):
+                     *(REPO / "uvm_patch/patches").rglob("*.patch")]):
         if f.is_file() and f.suffix != ".pyc":
             h.update(f.name.encode() + b"\0" + f.read_bytes())
-    key = f"{version}-{k.kind}-{k.release}-{h.hexdigest()[:12]}"
+    key = cache_key(k, version, h.hexdigest()[:12])
     base = cache.cache_dir() / "uvmvm" / key
     stamp = base / ".ready"
     with cache.locked(f"uvmvm-{key}"):

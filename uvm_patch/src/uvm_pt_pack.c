@@ -57,7 +57,7 @@
 #endif
 
 /*
- * TEST-ONLY: -DUVM_PT_PACK_TEST_FAKE_GPU lets the pool accept the fake GPUs of
+ * TEST-ONLY: UVM_PT_PACK_TEST_FAKE_GPU (defined by test builds only) lets the pool accept the fake GPUs of
  * NVIDIA's own unit tests (UVM_TEST_PAGE_TREE: pci_dev == NULL, tables
  * addressed by physical address, no DMA mapping) and keeps cumulative counters
  * (test_total_* lines of uvm_pt_pack_stats). Only tests/support/uvmvm.py passes
