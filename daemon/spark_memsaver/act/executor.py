@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import os
 
+from spark_memsaver.act import installable
 from spark_memsaver.act import records_io as rio
 from spark_memsaver.act import steps as st
 from spark_memsaver.config import Config
@@ -109,7 +110,7 @@ def _versions_in(snap: dict) -> set[str]:
 def plan_now(host: Host, config: Config, **kw) -> tuple[dict, dict, list]:
     snap = observe_for_plan(host, config)
     live = {r.get("pid") for r in snap["records"].get("intents", []) if intent_alive(r)}
-    support = st.support_for(_versions_in(snap))
+    support = st.support_for(_versions_in(snap), st.source_trees(host, snap))
     return snap, support, rc.plan(snap, config, support, alive_pids=live, **kw)
 
 
@@ -125,15 +126,13 @@ def recover(host: Host, config: Config, progress, problems: list) -> list[dict]:
 
 def _target(host: Host, kernel: str | None) -> str:
     if kernel:
-        if not host.path(f"/lib/modules/{kernel}").is_dir():
-            raise UsageError(f"kernel {kernel} is not installed (no /lib/modules/{kernel})",
-                             remedy="List kernels with 'spark-memsaver status'.")
-        return kernel
+        return installable.check_kernel(host, kernel)     # the one unknown-kernel refusal (exit 2)
     return st.dkms().running_kernel(host)
 
 
 def _build(host, config, progress, problems, kernel=None, driver_version=None, driver=None, force=False):
     k = _target(host, kernel)
+    installable.require(host, config, k, progress=st.fwd(progress), ignore=("secure-boot-unknown",))
     dv = driver_version or driver
     with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=dv):
         return st.dkms().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress), force=force)
@@ -141,6 +140,8 @@ def _build(host, config, progress, problems, kernel=None, driver_version=None, d
 
 def _install(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
+    if k:   # refused with status's code and remedy (decide/installability.py); fetches a missing source
+        installable.require(host, config, k, progress=st.fwd(progress))
     with rio.safe_intent(host, "install", k, removal=False, problems=problems):
         doc = st.dkms().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress))
         for r in doc.get("installed", []):
@@ -199,7 +200,7 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) ->
                                   "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}" for c in chg],
                                   "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
                                   "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")],
-                                  "kept": [n["kernel"] for n in verdict["notes"] if "kept" in n["message"]]})
+                                  "kept": [n["kernel"] for n in verdict["notes"] if n["kind"] == "kept"]})
     for s, r in zip(steps, results):
         if r.get("ok"):
             # say why in status even if the post step never runs (e.g. the upgrade is aborted)
@@ -231,6 +232,10 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
 def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
     from spark_memsaver.act import activate as act_activate, rollback as act_rollback
     problems: list = []
+    for k in ([args["kernel"]] if args.get("kernel") else []) + list(args.get("kernels") or []):
+        installable.check_kernel(host, k)        # every op that names a kernel: unknown-kernel, exit 2
+    if op == "activate" and observe.observe_host(host)["kernel"]:
+        installable.check_kernel(host, observe.observe_host(host)["kernel"])   # the running kernel's modules gone
     if op == "reconcile":
         args = dict(args)
         if not args.get("inside_dpkg") and not args.get("dry_run") and host.is_live and args.get("rebuild") \
