@@ -185,8 +185,8 @@ def assess(snap: dict, changes: list[dict]) -> dict:
     nvidia-open-kernel-dkms, nvidia-kernel-source-*, nvidia-kernel-common-*, for a kernel whose nvidia.ko
     DKMS builds, or any kernel when the package could not be read) changes its driver away from the one the
     override was built for, removes it, or carries a driver that cannot be read (fail safe). A package for
-    another kernel never touches it. Returns {"steps": [Step], "notes": [{"kernel", "message"}]}
-    (steps: removals only; notes: what stays and what comes, for the door's output)."""
+    another kernel never touches it. Returns {"steps": [Step], "notes": [{"kernel", "kind", "message"}]}
+    (steps: removals only; notes: what stays ("kept") and what comes ("new-kernel"), for the door's output)."""
     from spark_memsaver.decide.plan import Step, base_version
     per_kernel: dict[str, list] = {}
     wide: list = []
@@ -208,7 +208,8 @@ def assess(snap: dict, changes: list[dict]) -> dict:
         gone = [n for n, _, r in relevant if r]
         tos = {d for _, d, r in relevant if not r}
         if not gone and tos == {built_for} and built_for:
-            notes.append({"kernel": rel, "message": f"{rel}: driver stays {built_for} ({names}): override kept"})
+            notes.append({"kernel": rel, "kind": "kept",
+                          "message": f"{rel}: driver stays {built_for} ({names}): override kept"})
             continue
         to = next(iter(tos)) if len(tos) == 1 and not gone else None
         if gone:
@@ -224,7 +225,8 @@ def assess(snap: dict, changes: list[dict]) -> dict:
         ds = {d for _, d, r in per_kernel[rel] if not r}
         if ds:
             drv = next(iter(ds)) if len(ds) == 1 and None not in ds else "unknown"
-            notes.append({"kernel": rel, "message": f"new kernel {rel} (driver {drv}): will build after configure"})
+            notes.append({"kernel": rel, "kind": "new-kernel",
+                          "message": f"new kernel {rel} (driver {drv}): will build after configure"})
     return {"steps": steps, "notes": notes}
 
 
