@@ -418,3 +418,19 @@ def test_after_dpkg_the_plan_touches_only_the_new_kernel(node, tmp_path):
     assert {s["action"] for s in steps if s.get("kernel") in (K1, K2)} == {"ok"}, steps
     assert [s["kernel"] for s in steps if s["action"] not in ("ok",)] == [K3], steps
     assert {k: override(node, k) for k in (K1, K2)} == before
+
+
+def test_build_and_install_commands_count_files_in_tens_too(tmp_path, capsys):
+    """`spark-memsaver build/install` outside a TTY (ansible, a unit's journal): the same throttle."""
+    from spark_memsaver.cli.build import _Line
+    line = _Line(True)
+    line.tty = False
+    ver = "580.142-spark1"
+    poll = act_build._progress_poller(Host(tmp_path), ver, line)
+    for _ in _simulated_build(tmp_path, ver, relative=True):
+        for _ in range(3):
+            poll()
+    lines = capsys.readouterr().err.splitlines()
+    counted = [ln for ln in lines if ln.endswith("/122 files")]
+    assert 10 <= len(counted) <= 11 and counted[-1].endswith("compiling nvidia-uvm: 122/122 files"), counted
+    assert len(lines) == len(set(lines)) and len(lines) < 20, lines

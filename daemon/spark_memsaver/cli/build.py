@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 import json
+import re
 import sys
 import os
 
@@ -18,6 +19,7 @@ class _Line:
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self.last = ""
+        self.tenth = None           # a counted stage ('compiling nvidia-uvm: 61/122 files'): one line per 10 %
 
     def __call__(self, fraction: float, message: str) -> None:
         if not self.enabled:
@@ -27,7 +29,11 @@ class _Line:
             sys.stderr.write("\r\033[K" + text)
             sys.stderr.flush()
         elif message != self.last:
-            sys.stderr.write(text + "\n")
+            m = re.match(r"^(.*): (\d+)/(\d+) files$", message)
+            tenth = (m.group(1), int(m.group(2)) * 10 // max(1, int(m.group(3)))) if m else None
+            if tenth is None or tenth != self.tenth:
+                sys.stderr.write(text + "\n")
+            self.tenth = tenth
         self.last = message
 
     def done(self) -> None:
