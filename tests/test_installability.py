@@ -410,3 +410,25 @@ def test_a_rollback_record_advising_install_is_not_repeated_while_install_would_
     assert doc["state"] == "rolled-back", doc
     assert not [f for f in doc["findings"] if "spark-memsaver install" in f["remedy"]], doc["findings"]
     assert "driver-source-missing" in _findings(doc)["rolled-back"]["remedy"]
+
+
+def test_an_unlisted_driver_whose_source_is_fetchable_is_judged_by_content_after_the_fetch():
+    """An unlisted version (a relabelled 550.163.01, say) without a tree: act/patch.support says unsupported with
+    content_unchecked; with its source fetchable the plan fetches first (the build's apply then judges by content)
+    instead of staying stock for 'not in the manifest'. Without a fetchable source it stays stock, unsupported."""
+    from spark_memsaver.decide import plan as rc
+    from spark_memsaver.decide.installability import installability
+    unchecked = {"supported": False, "reason": f"NVIDIA driver {DRV} is not in this release's patch manifest",
+                 "content_unchecked": True}
+    s = _pure_snap(K, by_driver={DRV: _entry(True)})
+    d = installability(s, cfgmod.Config(), {DRV: unchecked}, K)
+    assert d["can_install"] and d["needs_fetch"] and d["qualification"] == "content-pending", d
+    steps = rc.plan(s, cfgmod.Config(), {DRV: unchecked})
+    assert [x.action for x in steps] == ["fetch-source", "build-install"]
+    # not fetchable: the manifest decides, as before
+    d2 = installability(_pure_snap(K, by_driver={DRV: _entry(False)}), cfgmod.Config(), {DRV: unchecked}, K)
+    assert not d2["can_install"] and [m["code"] for m in d2["missing"]] == ["driver-unsupported"], d2
+    # checked by content and drifted (content_unchecked False): unsupported even when fetchable
+    drifted = dict(unchecked, content_unchecked=False)
+    d3 = installability(s, cfgmod.Config(), {DRV: drifted}, K)
+    assert not d3["can_install"] and [m["code"] for m in d3["missing"]] == ["driver-unsupported"], d3

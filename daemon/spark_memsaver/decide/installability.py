@@ -184,7 +184,16 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
         # support None: the manifest was not consulted (a caller without it); the other checks still apply
         sup = {"supported": True} if support is None else (
             support.get(drv) or {"supported": False, "reason": f"driver {drv} is not in the patch manifest"})
-        if not sup.get("supported"):
+        fetch_to_judge = None
+        if not sup.get("supported") and sup.get("content_unchecked"):
+            # not in the manifest by version, and no tree to judge by content: a fetchable source decides
+            # (identical hooked files -> compile-verified by content, as the build's apply step then finds)
+            m, fetch_to_judge = _source(snap, config, drv)
+        if fetch_to_judge is not None:
+            out["qualification"] = "content-pending"
+            out["fetch"] = fetch_to_judge
+            out["needs_fetch"] = True
+        elif not sup.get("supported"):
             miss.append(_missing(
                 "manifest", sup.get("reason") or f"driver {drv} is not supported by this spark-memsaver release",
                 "Nothing is broken: the stock nvidia-uvm is in use. Update spark-memsaver to a release that "
