@@ -17,8 +17,9 @@ atomic rename + ``.ready``):
   + ``CONFIG_ARM64_64K_PAGES=y`` (module signing keys cleared), ``olddefconfig``, ``modules_prepare`` with
   the same gcc-14 cross compiler, Debian arm64's ``Module.symvers`` (Debian ships no 64 KiB arm64 kernel).
 
-Commands run inside the root through ``systemd-nspawn`` (not booted; host network) with the repository
-bound read-only at ``/repo`` and work directories bound read-write: :meth:`BuildRoot.run`.
+Commands run inside the root through ``systemd-nspawn --read-only`` (not booted; host network; the root is
+shared, read-only, by concurrent runs) with the repository bound read-only at ``/repo`` and work directories
+bound read-write: :meth:`BuildRoot.run`.
 
 Command line::
 
@@ -70,7 +71,7 @@ class BuildRoot:
     def run(self, argv, *, binds_rw=(), timeout=3600, env=None, log=None, repo=REPO,
             check=False) -> subprocess.CompletedProcess:
         return _nspawn(self.root, argv, binds_rw=binds_rw, timeout=timeout, env=env, log=log, repo=repo,
-                       check=check)
+                       check=check, read_only=True)
 
 
 #: matrix cells: name -> (compile-matrix.sh ARCH, page size)
@@ -112,9 +113,11 @@ def _host(argv, *, timeout=1800, log=None, cwd=None):
     return p.stdout
 
 
-def _nspawn(root: Path, argv, *, binds_rw=(), timeout=3600, env=None, log=None, check=True, repo=REPO):
+def _nspawn(root: Path, argv, *, binds_rw=(), timeout=3600, env=None, log=None, check=True, repo=REPO,
+            read_only=False):
+    # --read-only takes a shared lock on the root (several builds at once); a writable run takes it alone
     args = ["systemd-nspawn", "-q", "--register=no", "--keep-unit", "--timezone=off", "--resolv-conf=copy-host",
-            "--link-journal=no", "-D", str(root), f"--bind-ro={repo}:/repo"]
+            "--link-journal=no", "-D", str(root), f"--bind-ro={repo}:/repo", *(["--read-only"] if read_only else [])]
     c = cache.cache_dir()
     args.append(f"--bind={c}:{c}")
     for b in binds_rw:
