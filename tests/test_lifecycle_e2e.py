@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import suites
+
 pytestmark = [pytest.mark.lifecycle, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,15 +158,16 @@ class Box:
             if (self.c.proc_root / "var/lib/spark-memsaver/intents").is_dir() else []
 
 
-@pytest.fixture(scope="module")
-def box(kernel, debs, tmp_path_factory):
+@pytest.fixture(scope="module", params=suites.SUITES)
+def box(request, kernel, debs, tmp_path_factory):
     _, nspawn, _ = _support()
+    suite = suites.suite_param(request.param)
     reason = nspawn.available()
     if reason:
         pytest.skip(f"systemd-nspawn containers cannot run here: {reason}")
     out = tmp_path_factory.mktemp("debs")
     ours = our_deb(out)
-    with nspawn.Container(kernels=[kernel], boot_timeout=120) as c:
+    with nspawn.Container(suite=suite, extra=suites.extra(suite), kernels=[kernel], boot_timeout=120) as c:
         for d in list(debs.values()) + [ours]:
             c.copy_in(d, "/root/")
         # libelf1: the bound host headers' objtool needs it (the headers package would depend on it)
