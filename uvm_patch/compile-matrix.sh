@@ -162,6 +162,9 @@ if [ "$STOCK" = 1 ]; then
   fi
   # conftest results depend on the kernel, conftest.sh and the flags only: the patched build reuses them
   # (REUSE_CONFTEST=0 reruns them) once every conftest header exists (the first object waits for all).
+  # our hooked object's undefined symbols, stock version (the reference where no module links)
+  [ ! -f "$OUT/stock/nvidia-uvm/uvm_mmu.o" ] || ${CROSS}nm -u "$OUT/stock/nvidia-uvm/uvm_mmu.o" \
+    | awk 'NF==2 {print $2}' | sort -u > "$OUT/stock.mmu.undefined"
   if [ "${REUSE_CONFTEST:-1}" = 1 ] && [ -f "$OUT/stock/conftest/headers.h" ] && [ -f "$OUT/stock/conftest/functions.h" ]; then
     cp -a "$OUT/stock/conftest" "$OUT/conftest.reuse"
   fi
@@ -199,12 +202,14 @@ if [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ]; then
   W1_OURS=$( { grep -E 'uvm_pt_pack\.[ch]:[0-9]+:[0-9]+: warning: ' "$OUT/w1.log" || true; } | sort -u | wc -l)
 fi
 
+# From here on only checks: each adds to FAIL, none may end the script early.
+set +e +o pipefail
 FAIL=()
 if [ "$W1_OURS" != null ]; then
   [ "$W1_RC" = 0 ] && [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ] || FAIL+=("W=1 rebuild of uvm_pt_pack.o failed rc=$W1_RC (see w1.log)")
   grep -q 'CC \[M\] .*nvidia-uvm/uvm_pt_pack\.o' "$OUT/w1.log" || FAIL+=("W=1 step did not compile uvm_pt_pack.o")
-  # scripts/Makefile.extrawarn's W=1 set really reached the compiler (-Wmissing-include-dirs is W=1-only)
-  grep -q -- '-Wmissing-include-dirs' "$OUT/patched/nvidia-uvm/.uvm_pt_pack.o.cmd" 2>/dev/null \
+  # scripts/Makefile.extrawarn's W=1 set really reached the compiler (it defines KBUILD_EXTRA_WARN1)
+  grep -q -- '-DKBUILD_EXTRA_WARN1' "$OUT/patched/nvidia-uvm/.uvm_pt_pack.o.cmd" 2>/dev/null \
     || FAIL+=("W=1 flags missing from uvm_pt_pack.o's command line")
   [ "$W1_OURS" = 0 ] || FAIL+=("W=1 warnings in uvm_pt_pack.[ch]: $(grep -E 'uvm_pt_pack\.[ch]:[0-9]+:[0-9]+: warning: ' "$OUT/w1.log" | head -3 | tr '\n' ' ')")
 else
@@ -235,10 +240,6 @@ if [ -f "$KO" ]; then
     NEWU=$(echo $NEWU)
   fi
   [ -z "$NEWU" ] || FAIL+=("undefined symbols: $(echo $NEWU)")
-elif [ "$OURS_ONLY" != 1 ] && [ "$OURS_BUILT" = "uvm_pt_pack.o uvm_mmu.o " ]; then
-  undefined_ours "$OUT/patched" - > "$OUT/patched.undefined-ours"
-  NEWU=$(echo $(cat "$OUT/patched.undefined-ours"))
-  [ -z "$NEWU" ] || FAIL+=("undefined symbols of our objects: $NEWU")
   PARMS=$(modinfo_f parm "$KO" | sed -n 's/^\(uvm_pt_pack[a-z_]*\):.*/\1/p' | sort | tr '\n' ' ')
   TAG=$(modinfo_f spark_memsaver "$KO")
   KOVER=$(modinfo_f version "$KO")
@@ -251,6 +252,16 @@ elif [ "$OURS_ONLY" != 1 ] && [ "$OURS_BUILT" = "uvm_pt_pack.o uvm_mmu.o " ]; th
   case "$ELF" in *"$MACHINE"*) ;; *) FAIL+=("ELF machine: $ELF") ;; esac
   PACKSYMS=$(${CROSS}nm "$KO" | grep -c ' uvm_pt_pack_alloc$\| uvm_pt_pack_free$' || true)
   [ "$PACKSYMS" = 2 ] || FAIL+=("pool functions not linked in ($PACKSYMS)")
+elif [ "$OURS_BUILT" = "uvm_pt_pack.o uvm_mmu.o " ] && [ -f "$OUT/stock.mmu.undefined" ]; then
+  # no module linked: what our two objects need beyond the stock uvm_mmu.o's needs, the kernel's exports
+  # and what the two define themselves
+  P=$OUT/patched/nvidia-uvm
+  comm -23 <(${CROSS}nm -u "$P/uvm_pt_pack.o" "$P/uvm_mmu.o" | awk 'NF==2 {print $2}' | sort -u) \
+    <( { cat "$OUT/stock.mmu.undefined"; awk '{print $2}' "$SYSOUT/Module.symvers"
+         ${CROSS}nm --defined-only "$P/uvm_pt_pack.o" "$P/uvm_mmu.o" | awk 'NF==3 {print $3}'; } | sort -u ) \
+    > "$OUT/patched.undefined-ours"
+  NEWU=$(echo $(cat "$OUT/patched.undefined-ours"))
+  [ -z "$NEWU" ] || FAIL+=("undefined symbols of our objects beyond the stock uvm_mmu.o's: $NEWU")
 fi
 PAGE64K=null
 [ "$ARCH" = arm64 ] && { grep -q '^CONFIG_ARM64_64K_PAGES=y' "$SYSOUT/.config" && PAGE64K=true || PAGE64K=false; }
@@ -280,10 +291,12 @@ if [ "$STOCK_RC" != 0 ]; then
 fi
 POOL_SHA=$(sha256sum "$OUT/patched/nvidia-uvm/uvm_pt_pack.c" 2>/dev/null | cut -c1-16)
 CCTEXT=$(sed -n 's/^CONFIG_CC_VERSION_TEXT="\(.*\)"$/\1/p' "$SYSOUT/.config")
-CCUSED=$( { [ "$ARCH" = arm64 ] && ${CROSS}gcc --version || "$CCX" --version; } 2>/dev/null | head -1)
+CCUSED=$("$CCX" --version 2>/dev/null | sed -n 1p)
 PAGESZ=4096
-[ "$ARCH" = arm64 ] && { grep -q '^CONFIG_ARM64_16K_PAGES=y' "$SYSOUT/.config" && PAGESZ=16384; \
-                         grep -q '^CONFIG_ARM64_64K_PAGES=y' "$SYSOUT/.config" && PAGESZ=65536; }
+if [ "$ARCH" = arm64 ]; then
+  if grep -q '^CONFIG_ARM64_16K_PAGES=y' "$SYSOUT/.config"; then PAGESZ=16384; fi
+  if grep -q '^CONFIG_ARM64_64K_PAGES=y' "$SYSOUT/.config"; then PAGESZ=65536; fi
+fi
 "$PYTHON" - "$OUT/result.json" <<EOF
 import json, sys
 null, true, false = None, True, False
