@@ -15,12 +15,23 @@ from tests.support import needs  # noqa: E402
 
 PRODUCT_PYTHON = "/usr/bin/python3"
 PRODUCT_MODULES = ("click", "yaml", "jinja2")
+_WRAPPERS = {"setpriv", "env", "nice", "runuser", "timeout", "unshare", "nsenter"}
 
 
 def _same_interpreter_venv() -> bool:
     """This interpreter is a venv over the product's /usr/bin/python3 (same binary, its own site-packages)."""
     return (sys.prefix != sys.base_prefix and os.path.exists(PRODUCT_PYTHON)
             and os.path.realpath(sys.executable) == os.path.realpath(PRODUCT_PYTHON))
+
+
+def product_argv(args, python: str):
+    """``args`` with /usr/bin/python3 replaced by ``python`` where it is the program that runs: argv[0], or the
+    program a wrapper (setpriv --reuid=..., env X=1, nice -n 5) runs; anything else is returned unchanged."""
+    if isinstance(args, (list, tuple)) and args and PRODUCT_PYTHON in args:
+        i = list(args).index(PRODUCT_PYTHON)
+        if i == 0 or os.path.basename(str(args[0])) in _WRAPPERS:
+            return [*args[:i], python, *args[i + 1:]]
+    return args
 
 
 def _redirect_product_python() -> None:
@@ -35,9 +46,7 @@ def _redirect_product_python() -> None:
     orig = subprocess.Popen.__init__
 
     def init(self, args, *a, **kw):
-        if isinstance(args, (list, tuple)) and args and args[0] == PRODUCT_PYTHON:
-            args = [sys.executable, *args[1:]]
-        orig(self, args, *a, **kw)
+        orig(self, product_argv(args, sys.executable), *a, **kw)
 
     subprocess.Popen.__init__ = init
 

@@ -96,3 +96,15 @@ def test_hook_reports_absent_tools_as_skipped(tmp_path):
 def test_hook_converts_nothing_under_tools_test(tmp_path):
     out = _run_suite(tmp_path, strict=True)
     assert "2 failed, 1 passed, 2 errors" in out, out
+
+
+def test_product_python_is_replaced_only_where_it_runs():
+    from tests.conftest import product_argv
+    v = "/opt/venv/bin/python3"
+    assert product_argv(["/usr/bin/python3", "-m", "spark_memsaver"], v) == [v, "-m", "spark_memsaver"]
+    assert product_argv(["setpriv", "--reuid=65534", "/usr/bin/python3", "-c", "x"], v) == \
+        ["setpriv", "--reuid=65534", v, "-c", "x"]
+    # an argument that merely names it (a shebang check, an ansible variable) stays
+    assert product_argv(["grep", "-q", "/usr/bin/python3", "f"], v) == ["grep", "-q", "/usr/bin/python3", "f"]
+    assert product_argv("/usr/bin/python3 -c x", v) == "/usr/bin/python3 -c x"
+    assert product_argv(["/usr/bin/python3.11"], v) == ["/usr/bin/python3.11"]
