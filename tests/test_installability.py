@@ -432,3 +432,21 @@ def test_an_unlisted_driver_whose_source_is_fetchable_is_judged_by_content_after
     drifted = dict(unchecked, content_unchecked=False)
     d3 = installability(s, cfgmod.Config(), {DRV: drifted}, K)
     assert not d3["can_install"] and [m["code"] for m in d3["missing"]] == ["driver-unsupported"], d3
+
+
+@pytest.mark.parametrize("name", ["v_complete", "v_no_source"])
+def test_activate_remedy_names_install_only_when_install_would_proceed(name, tmp_path):
+    """activate with the stock nvidia-uvm selected is refused; its remedy says 'install' only where install
+    would proceed, and otherwise the missing piece's remedy (act/activate._install_first)."""
+    from spark_memsaver import config as cfgmod2
+    from spark_memsaver.act import activate as act_activate
+    from spark_memsaver.act.activate import ActivationRefused
+    from spark_memsaver.host import Host
+    root, _ = globals()[name](tmp_path)
+    with pytest.raises(ActivationRefused) as e:
+        act_activate.activate(Host(root), cfgmod2.Config(), dry_run=True)
+    remedy = e.value.remedy
+    if name == "v_complete":
+        assert "spark-memsaver install" in remedy, remedy
+    else:
+        assert "spark-memsaver install" not in remedy and "apt-cache policy" in remedy, remedy

@@ -33,6 +33,22 @@ def _kernel(snap: dict, release: str) -> dict | None:
     return next((k for k in snap.get("kernels", []) if k["release"] == release), None)
 
 
+def _install_first(host: Host, config: Config, rel: str) -> str:
+    """The remedy when ours is not selected: install, if install would proceed (decide/installability.py),
+    else what install is missing, so the remedy never names a command that would be refused."""
+    try:
+        from spark_memsaver.act import installable
+        from spark_memsaver.decide.installability import installability
+        snap, support = installable.observe(host, config)
+        d = installability(snap, config, support, rel)
+    except Exception:   # the remedy must never hide the refusal itself
+        return "See 'spark-memsaver status' for what installing needs on this kernel."
+    if d["can_install"]:
+        return f"Run 'sudo spark-memsaver install --kernel {rel}' first."
+    first = d["missing"][0]
+    return f"Installing is not possible yet ({first['detail']}): {first['remedy']}"
+
+
 def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM_DEVICE,
              proc_host: Host | None = None, dry_run: bool = False) -> dict:
     snap = observe.snapshot(host, config)
@@ -41,8 +57,7 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
     sel = k.get("uvm_selected") or {}
     if not sel.get("patched"):
         raise ActivationRefused(f"our nvidia-uvm is not selected for the running kernel {rel} "
-                                f"(selected: {sel.get('path') or 'none'})",
-                                remedy="Run 'spark-memsaver install' (or 'reconcile') first.")
+                                f"(selected: {sel.get('path') or 'none'})", remedy=_install_first(host, config, rel))
     drv = rc.base_version(sel.get("version"))
     loaded_nv = rc.base_version(snap["driver"].get("loaded_version"))
     disk_nv = rc.base_version((k.get("nvidia_selected") or {}).get("version"))

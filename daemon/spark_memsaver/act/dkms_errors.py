@@ -49,8 +49,8 @@ class DriverMismatch(DkmsError):
 class DriverSourceMissing(DkmsError):
     code = "driver-source-missing"
     exit_code = EXIT_PROBLEM
-    remedy = ("Install the NVIDIA open kernel-module source package of the same version "
-              "(Ubuntu: nvidia-kernel-source-<branch>-open; Debian: nvidia-open-kernel-dkms).")
+    remedy = ("'spark-memsaver status' names the exact source package and version of the driver to install "
+              "(or that spark-memsaver fetches itself with source_fetch: auto).")
 
 
 class DriverSourceCorrupt(DkmsError):

@@ -168,8 +168,13 @@ def find_driver_source(host: Host, driver: str) -> str:
     from spark_memsaver.act import patch as uvm_patch
     found = [c for c in source_candidates(driver) if host.path(c).is_dir()]
     if not found:
+        major = driver.split(".", 1)[0]
         raise DriverSourceMissing(f"the NVIDIA {driver} open kernel-module source is not installed "
-                                  f"(looked for {', '.join(source_candidates(driver))})", driver=driver)
+                                  f"(looked for {', '.join(source_candidates(driver))})", driver=driver,
+                                  remedy=("'spark-memsaver status' names the exact package and version; to look "
+                                          f"it up: 'apt-cache policy nvidia-kernel-source-{major}-open' (Ubuntu) or "
+                                          "'apt-cache policy nvidia-open-kernel-dkms' (Debian), and install that package at "
+                                          f"the version it lists for {driver}."))
     src = found[0]
     try:
         v = uvm_patch.read_tree_version(host.path(src))
