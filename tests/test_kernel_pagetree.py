@@ -138,6 +138,25 @@ def test_counters_prove_tables_were_packed(vm):
     assert "uvm_pt_pack TEST BUILD (UVM_PT_PACK_TEST_FAKE_GPU): fake GPUs accepted" in log
 
 
+@pytest.mark.kernel
+@pytest.mark.slow
+def test_nvidia_tests_catch_a_broken_pool(tmp_path):
+    """Not vacuous: with the pool built to hand out overlapping slots (UVM_PT_PACK_FAULT_INJECT=1), NVIDIA's
+    own page-tree test fails in the packing tier (a PTE of one table overwritten through another)."""
+    try:
+        nvsrc.nvidia_source(VERSION)
+    except nvsrc.SourceUnavailable as e:
+        pytest.skip(str(e))
+    k = qemu.kernel("debian-6.12-4k")              # the whole suite runs at 4 KiB; tier 256 packs there
+    built = uvmvm.cached_build(k, VERSION, inject=1)
+    rd = uvmvm.initramfs(built, uvmvm.pt_run(built, tmp_path / "pt_run"), tmp_path / "initrd.gz")
+    log = qemu.boot(k, rd, append="PT_TIERS=2", timeout=1500).replace("\r", "")
+    (tmp_path / "console.log").write_text(log)
+    run = _run_of(log, 2)
+    assert f"PT-RUN step=page_tree ioctl=0 errno=0 rmStatus={NV_ERR_INVALID_STATE}" in run, run[-3000:]
+    assert re.search(r"assert_range_vec_ptes\[pid:\d+\] PTE is 0x[0-9a-f]+ instead of 0x[0-9a-f]+", run), run[-3000:]
+
+
 def _switch_hits(root: Path) -> list[str]:
     return [str(p.relative_to(root)) for p in sorted(root.rglob("*"))
             if p.is_file() and not p.is_symlink() and SWITCH_SET.search(p.read_bytes())]

@@ -74,8 +74,9 @@ def _add_standin(src: Path, tree: Path) -> None:
         fh.write("# nvidia/nvidia.Kbuild's conftest lists (nv-linux.h needs them)\n" + "\n".join(conftests) + "\n")
 
 
-def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, jobs: int = 2) -> Built:
-    """Patched nvidia-uvm.ko + stand-in nvidia.ko for k, in dest (fresh each call)."""
+def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, inject: int = 0, jobs: int = 2) -> Built:
+    """Patched nvidia-uvm.ko + stand-in nvidia.ko for k, in dest (fresh each call). inject: the pool's
+    UVM_PT_PACK_FAULT_INJECT (a deliberately broken pool, to show NVIDIA's tests catch it)."""
     src = nvidia_tree(version)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -88,6 +89,9 @@ def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, jobs
         with open(tree / "nvidia-uvm/nvidia-uvm-sources.Kbuild", "a") as fh:
             fh.write(f"\n# tests/support/uvmvm.py (TEST BUILD ONLY): the pool accepts UVM's fake GPUs\n"
                      f"CFLAGS_uvm_pt_pack.o += -D{SWITCH}\nCFLAGS_nvidia-uvm/uvm_pt_pack.o += -D{SWITCH}\n")
+            if inject:
+                fh.write(f"CFLAGS_uvm_pt_pack.o += -DUVM_PT_PACK_FAULT_INJECT={inject}\n"
+                         f"CFLAGS_nvidia-uvm/uvm_pt_pack.o += -DUVM_PT_PACK_FAULT_INJECT={inject}\n")
     _add_standin(src, tree)
     # (no KERNELRELEASE=: NVIDIA's Makefile reads a set KERNELRELEASE as "called by Kbuild"; the tree's own
     # include/config/kernel.release already is k.release)
@@ -143,7 +147,7 @@ def cache_key(k: qemu.Kernel, version: str, digest: str) -> str:
     return f"{version}-{k.kind}-{k.release}-{digest}"
 
 
-def cached_build(k: qemu.Kernel, version: str) -> Built:
+def cached_build(k: qemu.Kernel, version: str, inject: int = 0) -> Built:
     """build() once per (kernel, version, inputs) under the cache; inputs = our files that go into the modules
     (the pool, the branch patches, the stand-in); a change to build() itself needs the cache entry removed."""
     import hashlib
@@ -152,12 +156,12 @@ def cached_build(k: qemu.Kernel, version: str) -> Built:
                      *(REPO / "uvm_patch/patches").rglob("*.patch")]):
         if f.is_file() and f.suffix != ".pyc":
             h.update(f.name.encode() + b"\0" + f.read_bytes())
-    key = cache_key(k, version, h.hexdigest()[:12])
+    key = cache_key(k, version, h.hexdigest()[:12]) + (f"-inject{inject}" if inject else "")
     base = cache.cache_dir() / "uvmvm" / key
     stamp = base / ".ready"
     with cache.locked(f"uvmvm-{key}"):
         if not stamp.exists():
-            b = build(k, version, base / "b")
+            b = build(k, version, base / "b", inject=inject)
             stamp.write_text(f"{b.seconds:.0f}\n")
     secs = float(stamp.read_text())
     tree = base / "b" / "nv"
