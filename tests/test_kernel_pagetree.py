@@ -20,7 +20,9 @@ tree and the apply step's output for every tier, and a pool object built with th
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import shutil
 import time
 from pathlib import Path
@@ -211,3 +213,24 @@ def test_switch_absent_from_a_module_built_with_the_dkms_flags(tmp_path):
         data = (d / "ptpack.ko").read_bytes()
         found[name] = (uvmvm.SWITCH_MARKER in data, uvmvm.SWITCH.encode() in data)
     assert found == {"dkms": (False, False), "test": (True, True)}
+
+
+def test_dkms_build_script_drops_compiler_flags_from_the_environment(tmp_path):
+    """kbuild adds KCFLAGS/KCPPFLAGS/KAFLAGS from the environment to every compile, so a DKMS environment with
+    KCFLAGS=-DUVM_PT_PACK_TEST_FAKE_GPU would switch the test mode on: the rendered build script's prologue
+    (everything before its first action) must unset them. Runs the real rendered script's prologue in bash."""
+    from spark_memsaver.act import dkms
+    from spark_memsaver.config import Config
+    from spark_memsaver.host import Host
+
+    root = tmp_path / "root"
+    (root / "usr/src").mkdir(parents=True)
+    r = dkms.render(Host(root), Config(), VERSION, f"/usr/src/nvidia-{VERSION}")
+    script = (root / r["path"].lstrip("/") / "spark-memsaver-build").read_text().splitlines()
+    first_action = next(i for i, ln in enumerate(script) if ln.startswith("progress "))
+    prologue = "\n".join(script[:first_action] + ['env'])
+    env = dict(os.environ, KCFLAGS=f"-D{uvmvm.SWITCH}", KCPPFLAGS=f"-D{uvmvm.SWITCH}", KAFLAGS="-Dx")
+    out = subprocess.run(["bash", "-c", prologue, "spark-memsaver-build", "6.1.0-0-test"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert not [ln for ln in out.stdout.splitlines() if ln.split("=", 1)[0] in ("KCFLAGS", "KCPPFLAGS", "KAFLAGS")]
