@@ -79,7 +79,7 @@ add_nvconftest() {  # $1 tree: conftest lists borrowed from nvidia.Kbuild, no ob
 
 errors() {  # $1 log, $2 tree -> every compiler error, "file: error: text" (line numbers dropped), sorted
   { grep -E '(fatal error|error): ' "$1" || true; } | grep -v '^make' \
-    | sed -e "s#$2/##g" -e 's#^\(\./\)*##' -e 's#^\([^:]*\):[0-9]*:[0-9]*:#\1:#' | sort -u
+    | sed -e "s#$2/##g" -e 's#^\(\./\)*##' -e 's#^\([^:]*\):[0-9]*:[0-9]*:#\1:#' | sort -u || true
 }
 
 first_error() {  # $1 log, $2 tree -> first compiler/make error, tree path and column dropped
@@ -182,7 +182,8 @@ if [ -d "$OUT/conftest.reuse" ] && cmp -s "$SRC/conftest.sh" "$OUT/patched/conft
   CONFTEST_REUSED=true
 fi
 rm -rf "$OUT/conftest.reuse"
-log "patched build ($ARCH, $KREL${CONFTEST_REUSED/true/, conftest results of the stock build})"
+REUSED_NOTE=""; [ "$CONFTEST_REUSED" = false ] || REUSED_NOTE=", conftest results of the stock build"
+log "patched build ($ARCH, $KREL$REUSED_NOTE)"
 PATCHED_RC=0
 if [ "$OURS_ONLY" = 1 ]; then  # conftests + our two objects only (no module, no link)
   kbuild_targets "$OUT/patched" patched nvidia-uvm/uvm_mmu.o nvidia-uvm/uvm_pt_pack.o || PATCHED_RC=$?
@@ -190,6 +191,8 @@ else
   build "$OUT/patched" patched || PATCHED_RC=$?
 fi
 KO="$OUT/patched/nvidia-uvm.ko"
+# From here on only checks: each adds to FAIL, none may end the script early.
+set +e +o pipefail
 PATCHED_ERR=""
 [ "$PATCHED_RC" = 0 ] && [ -f "$KO" ] || PATCHED_ERR=$(first_error "$OUT/patched.log" "$OUT/patched")
 errors "$OUT/patched.log" "$OUT/patched" > "$OUT/patched.errors"
@@ -202,8 +205,6 @@ if [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ]; then
   W1_OURS=$( { grep -E 'uvm_pt_pack\.[ch]:[0-9]+:[0-9]+: warning: ' "$OUT/w1.log" || true; } | sort -u | wc -l)
 fi
 
-# From here on only checks: each adds to FAIL, none may end the script early.
-set +e +o pipefail
 FAIL=()
 if [ "$W1_OURS" != null ]; then
   [ "$W1_RC" = 0 ] && [ -f "$OUT/patched/nvidia-uvm/uvm_pt_pack.o" ] || FAIL+=("W=1 rebuild of uvm_pt_pack.o failed rc=$W1_RC (see w1.log)")
