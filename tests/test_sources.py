@@ -55,6 +55,12 @@ def test_source_package_order_by_layout():
     assert names({"os_id": "ubuntu", "installed": {"nvidia-kernel-common-580-server": UBU}})[0] == \
         "nvidia-kernel-source-580-server-open"
     assert names({"os_id": "debian"})[:2] == ["nvidia-open-kernel-dkms", "nvidia-open-kernel-source"]
+    # how the driver is installed outranks os-release: Ubuntu-shaped packages on a Debian system take Ubuntu's
+    # source package (Debian's DKMS package there would add a second driver), and the reverse
+    assert names({"os_id": "debian", "installed": {"nvidia-kernel-common-580": UBU}})[0] == PKG
+    assert names({"os_id": "debian", "nvidia_ko": "/lib/modules/K/kernel/nvidia-580-open/nvidia.ko"})[0] == PKG
+    assert names({"os_id": "ubuntu", "installed": {"nvidia-open-kernel-dkms": "580.142-1"}})[0] == \
+        "nvidia-open-kernel-dkms"
     trees = {c["package"]: c["tree"] for c in dsrc.source_package(V, {})}
     assert trees[PKG] == f"/usr/src/nvidia-{V}"
     assert trees["nvidia-open-kernel-dkms"] == f"/usr/src/nvidia-current-open-{V}"

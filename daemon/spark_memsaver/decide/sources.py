@@ -54,6 +54,21 @@ def _family(layout: dict) -> str | None:
     return None
 
 
+def _packaging(layout: dict, branch: str) -> str | None:
+    """'ubuntu' or 'debian' from how the driver is installed, which outranks os-release: Ubuntu's precompiled
+    layout (nvidia-kernel-common-<branch>[-server], linux-modules/objects-nvidia-*, or the stock nvidia.ko in
+    kernel/nvidia-<branch>[srv]-open/) or Debian's DKMS packages. None when nothing says."""
+    inst = layout.get("installed") or {}
+    ko = str(layout.get("nvidia_ko") or "")
+    if (f"nvidia-kernel-common-{branch}" in inst or f"nvidia-kernel-common-{branch}-server" in inst
+            or any(p.startswith(("linux-modules-nvidia-", "linux-objects-nvidia-")) for p in inst)
+            or re.search(rf"/kernel/nvidia-{re.escape(branch)}(?:srv)?-open/", ko)):
+        return "ubuntu"
+    if any(p in inst for p in ("nvidia-open-kernel-dkms", "nvidia-kernel-dkms", "nvidia-open-kernel-source")):
+        return "debian"
+    return None
+
+
 def _server(layout: dict, branch: str) -> bool:
     """The server flavour: the stock nvidia.ko lives in kernel/nvidia-<branch>srv-open/ (or the installed
     common package is nvidia-kernel-common-<branch>-server)."""
@@ -84,7 +99,10 @@ def source_package(driver_version: str, layout: dict | None = None) -> list[dict
                "tree": f"/usr/src/nvidia-current-open-{driver_version}", "tarball": None},
               {"package": "nvidia-open-kernel-source", "layout": DEBIAN_TARBALL,
                "tree": None, "tarball": "/usr/src/nvidia-open-kernel.tar.xz"}]
-    return debian + ubuntu if _family(layout) == "debian" else ubuntu + debian
+    # an Ubuntu-shaped driver on a Debian system (or the reverse) takes its own family's source package:
+    # Debian's nvidia-open-kernel-dkms there would add a second, DKMS-built driver beside the precompiled one
+    family = _packaging(layout, br) or _family(layout)
+    return debian + ubuntu if family == "debian" else ubuntu + debian
 
 
 def install_command(package: str, deb_version: str) -> str:
