@@ -328,13 +328,51 @@ def _protect_foreign(host: Host, kernel: str, ours_digest: str | None):
     return restore
 
 
+def _origin_path(host: Host, kernel: str, recorded: str) -> Path | None:
+    """The file a DKMS ``.origin`` record names, inside this host's /lib/modules/<kernel>, else None."""
+    rec = Path(recorded.strip())
+    for base in (host.path(f"/lib/modules/{kernel}"), host.path(f"/usr/lib/modules/{kernel}")):
+        for cand in (rec, host.path(str(rec))):
+            if str(cand).startswith(str(base) + "/"):
+                return cand
+    return None
+
+
+def _protect_replaced_stock(host: Host, kernel: str):
+    """DKMS >= 3.1.7 moves the stock file it replaces into original_module/ (with a ``.origin`` record) and on
+    uninstall moves it back there with ``mv -f``: over a newer stock file that a driver package put there since
+    (plain ``dpkg -i`` of a new driver, no APT door). That would pair the OLD driver's nvidia-uvm with the NEW
+    nvidia.ko. Such a newer file is moved aside before the uninstall and put back over DKMS's copy after it
+    (tests/FAULTS.md d4). DKMS 3.0.x keeps no .origin records: nothing to do there."""
+    kept = []
+    for origin in host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}").rglob("nvidia-uvm.ko*.origin"):
+        archived = origin.with_name(origin.name[:-len(".origin")])
+        try:
+            target = _origin_path(host, kernel, origin.read_text().splitlines()[0])
+        except (OSError, IndexError):
+            continue
+        if target is None or not target.is_file() or not archived.is_file() or sha256(target) == sha256(archived):
+            continue
+        aside = target.with_name(f".{target.name}.spark-memsaver-newer")
+        os.rename(target, aside)
+        kept.append((aside, target))
+        log.info("%s is newer than DKMS's archived original: kept aside during the uninstall", target)
+
+    def restore():
+        for aside, target in kept:
+            os.replace(aside, target)
+    return restore
+
+
 def _uninstall_kernel(host: Host, ver: str, kernel: str) -> None:
     _backup_originals(host, kernel)  # DKMS 3.0.x deletes original_module/ on uninstall without restoring it
     built = built_module(host, ver, kernel)
     restore = _protect_foreign(host, kernel, sha256(built) if built else None)
+    keep_newer = _protect_replaced_stock(host, kernel)
     try:
         r = _dkms(host, ["uninstall", "-m", PACKAGE, "-v", ver, "-k", kernel], timeout=600)
     finally:
+        keep_newer()
         restore()
     if not r.ok and installed_version(host, kernel) == ver:
         _raise_for_dkms(r, f"dkms uninstall {PACKAGE}/{ver} -k {kernel}")
