@@ -255,11 +255,12 @@ if [ -f "$KO" ]; then
   [ "$PACKSYMS" = 2 ] || FAIL+=("pool functions not linked in ($PACKSYMS)")
 elif [ "$OURS_BUILT" = "uvm_pt_pack.o uvm_mmu.o " ] && [ -f "$OUT/stock.mmu.undefined" ]; then
   # no module linked: what our two objects need beyond the stock uvm_mmu.o's needs, the kernel's exports
-  # and what the two define themselves
+  # and what the built objects of the module define (what the .ko would provide)
   P=$OUT/patched/nvidia-uvm
   comm -23 <(${CROSS}nm -u "$P/uvm_pt_pack.o" "$P/uvm_mmu.o" | awk 'NF==2 {print $2}' | sort -u) \
     <( { cat "$OUT/stock.mmu.undefined"; awk '{print $2}' "$SYSOUT/Module.symvers"
-         ${CROSS}nm --defined-only "$P/uvm_pt_pack.o" "$P/uvm_mmu.o" | awk 'NF==3 {print $3}'; } | sort -u ) \
+         find "$P" -name '*.o' ! -name '*.mod.o' -print0 | xargs -0 ${CROSS}nm --defined-only 2>/dev/null \
+           | awk 'NF==3 {print $3}'; } | sort -u ) \
     > "$OUT/patched.undefined-ours"
   NEWU=$(echo $(cat "$OUT/patched.undefined-ours"))
   [ -z "$NEWU" ] || FAIL+=("undefined symbols of our objects beyond the stock uvm_mmu.o's: $NEWU")
