@@ -164,7 +164,9 @@ VARIANTS = {
     "source-fetchable": (v_source_fetchable, True, True, [], []),
     "source-fetch-never": (v_source_fetch_never, False, False, ["driver-source-missing"], []),
     "source-not-in-lists": (v_source_not_in_lists, False, False, ["driver-source-missing"], []),
-    "unknown-driver": (v_unknown_driver, False, False, ["driver-unsupported"], []),
+    # 599.1.1 is listed by no version; without its tree its content (vs r595's hooked files) decides: the
+    # missing piece is its source
+    "unknown-driver": (v_unknown_driver, False, False, ["driver-source-missing"], []),
     "secure-boot-unknown": (v_secure_boot_unknown, False, False, ["secure-boot-unknown"], []),
     "headers-missing": (v_headers_missing, False, False, ["headers-missing"], []),
     "preempt-rt": (v_preempt_rt, False, False, ["kernel-outside-policy"], []),
@@ -203,7 +205,8 @@ def test_decision_table(name, tmp_path):
     if name == "headers-missing":
         assert by["headers-missing"]["remedy"] == f"sudo apt-get install linux-headers-{K}"
     if name == "unknown-driver":
-        assert "599.1.1" in by["driver-unsupported"]["detail"]
+        assert "599.1.1" in by["driver-source-missing"]["detail"] and "by the content" in \
+            by["driver-source-missing"]["detail"]
     if name == "preempt-rt":
         assert "PREEMPT_RT" in by["kernel-outside-policy"]["detail"]
         assert "kernels: all" not in by["kernel-outside-policy"]["remedy"]      # it would not help
@@ -425,9 +428,12 @@ def test_an_unlisted_driver_whose_source_is_fetchable_is_judged_by_content_after
     assert d["can_install"] and d["needs_fetch"] and d["qualification"] == "content-pending", d
     steps = rc.plan(s, cfgmod.Config(), {DRV: unchecked})
     assert [x.action for x in steps] == ["fetch-source", "build-install"]
-    # not fetchable: the manifest decides, as before
-    d2 = installability(_pure_snap(K, by_driver={DRV: _entry(False)}), cfgmod.Config(), {DRV: unchecked}, K)
-    assert not d2["can_install"] and [m["code"] for m in d2["missing"]] == ["driver-unsupported"], d2
+    # not fetchable: what is missing is the source (its content decides), with the exact remedy, never
+    # "update spark-memsaver"
+    exact = f"sudo apt-get install {PKG}={UBU}"
+    d2 = installability(_pure_snap(K, by_driver={DRV: _entry(False, exact)}), cfgmod.Config(), {DRV: unchecked}, K)
+    assert not d2["can_install"] and [m["code"] for m in d2["missing"]] == ["driver-source-missing"], d2
+    assert d2["missing"][0]["remedy"] == exact and "by the content" in d2["missing"][0]["detail"]
     # checked by content and drifted (content_unchecked False): unsupported even when fetchable
     drifted = dict(unchecked, content_unchecked=False)
     d3 = installability(s, cfgmod.Config(), {DRV: drifted}, K)

@@ -184,15 +184,21 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
         # support None: the manifest was not consulted (a caller without it); the other checks still apply
         sup = {"supported": True} if support is None else (
             support.get(drv) or {"supported": False, "reason": f"driver {drv} is not in the patch manifest"})
-        fetch_to_judge = None
+        fetch_to_judge = src_missing = None
         if not sup.get("supported") and sup.get("content_unchecked"):
-            # not in the manifest by version, and no tree to judge by content: a fetchable source decides
-            # (identical hooked files -> compile-verified by content, as the build's apply step then finds)
-            m, fetch_to_judge = _source(snap, config, drv)
+            # not in the manifest by version, and no tree to judge by content: its source decides (identical
+            # hooked files -> compile-verified by content, as the build's apply step then finds). Fetchable:
+            # fetch first; else what is missing is that source, with its exact remedy
+            src_missing, fetch_to_judge = _source(snap, config, drv)
         if fetch_to_judge is not None:
             out["qualification"] = "content-pending"
             out["fetch"] = fetch_to_judge
             out["needs_fetch"] = True
+        elif src_missing is not None:
+            out["qualification"] = "content-pending"
+            miss.append(dict(src_missing, detail=src_missing["detail"] + f"; NVIDIA {drv} is not in this "
+                             "release's patch manifest by version, so its source decides (by the content of the "
+                             "files the patch touches)"))
         elif not sup.get("supported"):
             miss.append(_missing(
                 "manifest", sup.get("reason") or f"driver {drv} is not supported by this spark-memsaver release",
