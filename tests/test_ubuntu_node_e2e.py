@@ -53,7 +53,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.lifecycle, pytest.mark.slow]
+OPT_IN_ENV = "SPARK_MEMSAVER_TEST_UBUNTU_E2E"   # opt-in: the run is longer than its CI share
+pytestmark = [pytest.mark.lifecycle, pytest.mark.slow,
+              pytest.mark.skipif(not os.environ.get(OPT_IN_ENV),
+                                 reason="the Ubuntu-shaped node end to end takes 20-26 min (three nvidia-uvm builds "
+                                        "and a stock build on 2 cores), beyond its share of CI's 75 minutes: run it "
+                                        f"with {OPT_IN_ENV}=1 (results: tests/FAULTS.md ub1-ub5)")]
 
 REPO = Path(__file__).resolve().parent.parent
 OLD_COMMIT = "d0feb3e"             # main before issues 14/16 were taken (the "before" of issue 16)
