@@ -137,6 +137,7 @@ def _linux_source(opts, version: str) -> Path:
     if not tarballs:
         mm = ".".join(version.split(".")[:2])
         deb, = download(opts, [f"linux-source-{mm}={version}"], cache.cache_dir() / "debs")
+        src.mkdir(parents=True, exist_ok=True)   # a cold cache has no kernel/ yet
         _run(["dpkg-deb", "-x", deb, src])
         tarballs = sorted(src.glob("usr/src/linux-source-*.tar.xz"))
     return tarballs[-1]
