@@ -142,15 +142,10 @@ def _key() -> str:
 
 
 def _newest(root: Path, pkg: str) -> str:
-    out = _nspawn(root, ["apt-cache", "madison", pkg]).stdout
-    vers = [ln.split("|")[1].strip() for ln in out.splitlines() if "|" in ln]
-    vers = [v for v in vers if v.startswith("7.") and "~rc" not in v]
-    if not vers:
+    from tests.support.qemu import newest_in_madison
+    best = newest_in_madison(_nspawn(root, ["apt-cache", "madison", pkg]).stdout, "7.")
+    if best is None:
         raise Unavailable(f"no 7.x {pkg} in {SUITE}/{SUITE}-backports")
-    best = vers[0]
-    for v in vers[1:]:
-        if subprocess.run(["dpkg", "--compare-versions", v, "gt", best]).returncode == 0:
-            best = v
     return best
 
 

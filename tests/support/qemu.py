@@ -93,17 +93,33 @@ def _apt() -> list[str]:
     return opts
 
 
-def newest_version(opts: list[str], pkg: str, major: str = "7.") -> str:
-    out = _run(["apt-cache", *opts, "madison", pkg])
-    vers = [ln.split("|")[1].strip() for ln in out.splitlines() if "|" in ln]
+def newest_in_madison(madison: str, major: str) -> str | None:
+    """The newest release (no ~rc) starting with ``major`` in `apt-cache madison` output, by dpkg's order."""
+    vers = [ln.split("|")[1].strip() for ln in madison.splitlines() if "|" in ln]
     vers = [v for v in vers if v.startswith(major) and "~rc" not in v]
     if not vers:
-        raise Unavailable(f"no {major}x release of {pkg} in {SUITES}")
+        return None
     best = vers[0]
     for v in vers[1:]:
         if subprocess.run(["dpkg", "--compare-versions", v, "gt", best]).returncode == 0:
             best = v
     return best
+
+
+def newest_version(opts: list[str], pkg: str, major: str = "7.") -> str:
+    best = newest_in_madison(_run(["apt-cache", *opts, "madison", pkg]), major)
+    if best is None:
+        raise Unavailable(f"no {major}x release of {pkg} in {SUITES}")
+    return best
+
+
+def pack_initramfs(root: Path, dest: Path) -> Path:
+    """``root`` as a gzip'd newc cpio archive at ``dest``."""
+    names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
+                        input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
+    dest.write_bytes(gzip.compress(cp.stdout, 6))
+    return dest
 
 
 def download(opts: list[str], specs: list[str], dest: Path) -> list[Path]:
@@ -277,10 +293,7 @@ def initramfs(files: dict[str, Path], dest: Path, init: Path = KDIR / "init.sh")
         os.chmod(root / "init", 0o755)
         for name, src in files.items():
             shutil.copy(src, root / name)
-        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-        cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
-                            input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
-        dest.write_bytes(gzip.compress(cp.stdout, 6))
+        pack_initramfs(root, dest)
     return dest
 
 
@@ -388,8 +401,5 @@ def guard_initramfs(k: Kernel, work: Path, dest: Path) -> Path:
                 shutil.copy(mods[f"{case}/{f}"], root / "cases" / case / f)
         shutil.copy(KDIR / "guard-init.sh", root / "init")
         os.chmod(root / "init", 0o755)
-        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-        cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
-                            input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
-        dest.write_bytes(gzip.compress(cp.stdout, 6))
+        pack_initramfs(root, dest)
     return dest

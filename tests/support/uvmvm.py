@@ -20,7 +20,6 @@ github NVIDIA/open-gpu-kernel-modules into the cache: ``python3 tests/support/nv
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import os
 import shutil
 import subprocess
@@ -136,10 +135,7 @@ def initramfs(built: Built, runner: Path, dest: Path) -> Path:
         shutil.copy(built.uvm, root / "nvidia-uvm.ko")
         shutil.copy(runner, root / "pt_run")
         os.chmod(root / "pt_run", 0o755)
-        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-        cp = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root,
-                            input=("\n".join(names) + "\n").encode(), stdout=subprocess.PIPE, check=True)
-        dest.write_bytes(gzip.compress(cp.stdout, 6))
+        qemu.pack_initramfs(root, dest)
     return dest
 
 
