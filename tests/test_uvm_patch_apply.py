@@ -1,7 +1,8 @@
 """The apply step (daemon/spark_memsaver/uvm_patch.py) against real NVIDIA trees and tiny synthetic ones.
 
-Real trees come from Debian's nvidia-open-kernel-dkms (tests/support/nvsrc.py; 535/550/555 reachable in
-CI). GitHub tags (580/590/595) are checked only where a session cached them (CI cannot fetch them).
+Real trees (tests/support/nvsrc.py): Debian's nvidia-open-kernel-dkms 535/550/555 and NVIDIA's GitHub tags
+580/590/595 from the shared directory next to the checkout (sha256-checked); both reach CI, where a missing one
+is a failure (tests/support/needs.py: a skip elsewhere, with the reason).
 Synthetic trees are a handful of real 550 files, edited to hit each refusal path.
 """
 
@@ -24,16 +25,14 @@ from tests.support import nvsrc
 
 REPO = Path(__file__).resolve().parent.parent
 DEBIAN = sorted(nvsrc.DEBIAN_VERSIONS)
-GITHUB = ["580.95.05", "580.105.08", "580.142", "590.48.01", "595.45.04"]
+# the GitHub tags the manifest lists exactly (590.44.01 is qualified by content: tests/test_qualification.py)
+GITHUB = [v for v in nvsrc.GITHUB_VERSIONS
+          if any(v in e.versions for e in up.load_manifest(REPO / "uvm_patch").entries)]
 
 
 def _tree_or_skip(version: str) -> Path:
-    try:
-        return nvsrc.nvidia_source(version)
-    except nvsrc.SourceUnavailable as e:
-        if version in nvsrc.DEBIAN_VERSIONS:
-            raise  # CI can get these: a failure to fetch is a failure
-        pytest.skip(f"{version}: {e}")
+    """The real tree; SourceUnavailable is a skip with its reason, a failure under tools/test (conftest)."""
+    return nvsrc.nvidia_source(version)
 
 
 def _digest(tree: Path) -> str:

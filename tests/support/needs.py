@@ -72,6 +72,24 @@ def absent(what: str, remedy: str = "") -> None:
     pytest.skip(msg)
 
 
+def beyond_ci(what: str, why: str) -> None:
+    """Skip, also under tools/test: ``what`` is an input or a run CI does not get by design (a tag outside the
+    shared NVIDIA directory, an opt-in build of 20 minutes); ``why`` says how to get or run it."""
+    pytest.skip(f"{what}: {why}")
+
+
+def not_applicable(why: str) -> None:
+    """Skip, also under tools/test: this machine's nature makes the test meaningless or unsafe here (EFI
+    firmware present: no real MOK request may be queued; a kernel without THP); ``why`` says which."""
+    pytest.skip(why)
+
+
+def root(why: str) -> None:
+    """The test needs root (CI runs as root: there, not being root is a failure)."""
+    if os.geteuid() != 0:
+        absent("root", why)
+
+
 def require(*tools: str, remedy: str = "tools/test installs tools/deps/*.txt") -> None:
     gone = missing_tools(*tools)
     if gone:

@@ -14,10 +14,16 @@ input cannot be produced here, which tests may turn into a skip only where CI ca
     The NVIDIA open kernel-module tree exactly as a driver package installs it under ``/usr/src``
     (= upstream ``kernel-open/`` layout: ``Kbuild``, ``Makefile``, ``conftest.sh``, ``common/``,
     ``nvidia/``, ``nvidia-uvm/`` ...). Debian versions (:data:`DEBIAN_VERSIONS`: 535.261.03,
-    550.163.01, 555.58.02) are downloaded from ``nvidia-open-kernel-dkms`` (contrib). Any other
-    version is looked up as ``<cache>/nv/<version>/kernel-open`` (put there with
-    :func:`export_git_tag` from a local clone of github NVIDIA/open-gpu-kernel-modules; CI cannot).
+    550.163.01, 555.58.02) are downloaded from ``nvidia-open-kernel-dkms`` (contrib). NVIDIA's
+    GitHub tags (:data:`GITHUB_VERSIONS`: the r580-r595 trees DGX Spark nodes run) come from the shared
+    directory ``../shared/nvidia/`` next to the checkout (``$SPARK_MEMSAVER_NV_SHARED`` overrides it):
+    ``kernel-open-<version>.tar.xz`` is checked against that directory's ``SHA256SUMS`` and unpacked into
+    ``<cache>/nv/<version>/kernel-open``. A tree already there (also one put there with
+    :func:`export_git_tag` from a local clone) is used as it is.
     Treat the returned tree as read-only: copy it before building or patching.
+
+``shared_dir() -> Path``, ``shared_versions() -> list[str]``
+    The shared directory and the versions its ``SHA256SUMS`` lists (empty when it is absent).
 
 ``x86_headers() -> (kernel_release, Path)``
     Debian's ``linux-headers-amd64`` (installed with apt-get if missing, root only); the path is
@@ -33,7 +39,7 @@ input cannot be produced here, which tests may turn into a skip only where CI ca
 
 Command line (for CI warm-up or by hand)::
 
-    python3 tests/support/nvsrc.py nvidia 550.163.01 | x86 | arm64 | git-export MIRROR TAG
+    python3 tests/support/nvsrc.py nvidia 550.163.01 | shared | x86 | arm64 | git-export MIRROR TAG
 """
 
 from __future__ import annotations
@@ -48,13 +54,16 @@ import tempfile
 from pathlib import Path
 
 try:
-    from . import cache
+    from . import cache, nvshared
+    from .nvshared import GITHUB_VERSIONS, shared_dir, shared_versions, tree_version
 except ImportError:  # run as a script: python3 tests/support/<name>.py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import cache  # type: ignore
+    import nvshared  # type: ignore
+    from nvshared import GITHUB_VERSIONS, shared_dir, shared_versions, tree_version  # type: ignore
 
-__all__ = ["SourceUnavailable", "DEBIAN_VERSIONS", "cache_dir", "debian_mirror", "nvidia_source",
-           "x86_headers", "arm64_64k_tree", "export_git_tag"]
+__all__ = ["SourceUnavailable", "DEBIAN_VERSIONS", "GITHUB_VERSIONS", "cache_dir", "debian_mirror",
+           "nvidia_source", "shared_dir", "shared_versions", "tree_version", "x86_headers", "arm64_64k_tree", "export_git_tag"]
 
 #: NVIDIA versions Debian ships as nvidia-open-kernel-dkms (contrib) and the suite to find them in.
 DEBIAN_VERSIONS = {
@@ -161,10 +170,13 @@ def nvidia_source(version: str) -> Path:
         if tree is not None:
             return tree
     if version not in DEBIAN_VERSIONS:
+        if version in shared_versions():
+            return nvshared.unpack(version, cache_dir(), _locked, _run, _nvidia_tree_in, SourceUnavailable)
         raise SourceUnavailable(
-            f"NVIDIA {version} is not in Debian's archive and no tree is cached at {root}/kernel-open; "
-            f"export it from a clone of github NVIDIA/open-gpu-kernel-modules with "
-            f"'python3 tests/support/nvsrc.py git-export CLONE {version}'")
+            f"NVIDIA {version} is not in Debian's archive, not in {shared_dir()}/SHA256SUMS and no tree is "
+            f"cached at {root}/kernel-open; put kernel-open-{version}.tar.xz and its SHA256SUMS line in "
+            f"{shared_dir()} (or export it from a clone of github NVIDIA/open-gpu-kernel-modules with "
+            f"'python3 tests/support/nvsrc.py git-export CLONE {version}')")
     with _locked(f"nv-{version}"):
         if (root / _READY).exists():
             tree = _nvidia_tree_in(root)
@@ -303,6 +315,9 @@ def main(argv: list[str]) -> int:
     try:
         if argv[0] == "nvidia":
             print(nvidia_source(argv[1]))
+        elif argv[0] == "shared":
+            for v in shared_versions():
+                print(v, nvidia_source(v))
         elif argv[0] == "x86":
             print(*x86_headers())
         elif argv[0] == "arm64":
