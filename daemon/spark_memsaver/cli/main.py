@@ -51,8 +51,25 @@ def emit_error(err: MemsaverError) -> None:
             click.echo(f"remedy: {err.remedy}", err=True)
 
 
+# The other commands live in their own modules of this package, each adding itself with register(group).
+# A module is imported when one of its commands runs (or when --help lists them all): `status` pays for
+# none of them.
+LAZY_COMMANDS = {"patch": "patch", "build": "build", "install": "build", "remove": "build", "mok": "mok",
+                 "reconcile": "lifecycle", "rollback": "lifecycle", "activate": "lifecycle",
+                 "validate": "validate", "history": "history", "events": "events", "metrics": "metrics"}
+
+
 class SafeGroup(click.Group):
     """Named errors become messages and exit codes; nothing reaches the user as a traceback."""
+
+    def list_commands(self, ctx):
+        return sorted(set(self.commands) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in LAZY_COMMANDS:
+            import importlib
+            importlib.import_module(f"spark_memsaver.cli.{LAZY_COMMANDS[name]}").register(self)
+        return self.commands.get(name)
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
@@ -176,16 +193,6 @@ def config_show(obj: Context, as_json: bool):
         for note in d.pop("notes", None) or []:
             click.echo(f"# note: {note}".replace("\n", " "))
         click.echo(yaml.safe_dump(d, sort_keys=False, default_flow_style=False), nl=False)
-
-
-# The other commands live in their own modules of this package, each adding itself with register(group).
-# Registered statically; heavy imports (jinja2, pydbus, ctypes) happen inside the commands that need them.
-from spark_memsaver.cli import build as _build, history as _history, lifecycle as _lifecycle  # noqa: E402
-from spark_memsaver.cli import metrics as _metrics, mok as _mok, patch as _patch, validate as _validate  # noqa: E402
-from spark_memsaver.cli import events as _events  # noqa: E402
-
-for _m in (_patch, _build, _mok, _lifecycle, _validate, _history, _events, _metrics):
-    _m.register(cli)
 
 
 def main() -> None:

@@ -1,0 +1,95 @@
+"""Speed and footprint mechanics (issue 25): what makes `status` fast and the daemon small, checked by
+behaviour, not by timing (the figures are benchmarks/status_latency.py's and daemon_footprint.py's).
+
+- lazy command registration: a command's module is imported only when that command runs; `--help` still
+  lists every command with its short help, and the table of lazy commands names every command there is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = "/usr/bin/python3"
+
+
+def _env(**extra):
+    e = dict(os.environ, PYTHONPATH=str(REPO / "daemon"), **extra)
+    e.pop("SPARK_MEMSAVER_CONFIG", None)
+    return e
+
+
+def _modules_after(*cli_args: str, root: str = "/") -> set[str]:
+    """The spark_memsaver modules loaded once the real CLI has run ``cli_args`` in a fresh interpreter."""
+    code = ("import sys, atexit, json\n"
+            "atexit.register(lambda: sys.__stderr__.write('\\nMODULES ' + json.dumps(sorted(m for m in sys.modules"
+            " if m.startswith('spark_memsaver'))) + '\\n'))\n"
+            "sys.argv = ['spark-memsaver', *sys.argv[1:]]\n"
+            "from spark_memsaver.cli.main import main\nmain()\n")
+    r = subprocess.run([PY, "-c", code, "--root", root, *cli_args], capture_output=True, text=True,
+                       env=_env(), timeout=120)
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("MODULES ")]
+    assert line, r.stderr
+    return set(json.loads(line[-1][len("MODULES "):]))
+
+
+COMMAND_MODULES = {"spark_memsaver.cli.build", "spark_memsaver.cli.lifecycle", "spark_memsaver.cli.mok",
+                   "spark_memsaver.cli.patch", "spark_memsaver.cli.validate", "spark_memsaver.cli.history",
+                   "spark_memsaver.cli.events", "spark_memsaver.cli.metrics"}
+
+
+def test_status_imports_no_command_module(tmp_path):
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("6.1.0-test\n")
+    loaded = _modules_after("status", "--json", root=str(tmp_path))
+    assert not loaded & COMMAND_MODULES, sorted(loaded & COMMAND_MODULES)
+    assert "spark_memsaver.validate.command" not in loaded and "spark_memsaver.act.enroll" not in loaded
+
+
+def test_a_command_imports_its_own_module_only():
+    loaded = _modules_after("events", "--help")
+    assert "spark_memsaver.cli.events" in loaded
+    assert not loaded & (COMMAND_MODULES - {"spark_memsaver.cli.events", "spark_memsaver.cli.history"})
+
+
+def test_help_lists_every_command_with_its_short_help():
+    sys.path.insert(0, str(REPO / "daemon"))
+    import click
+    from spark_memsaver.cli import main as m
+
+    r = subprocess.run([PY, "-m", "spark_memsaver", "--help"], capture_output=True, text=True, env=_env(),
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    # every module's register() adds exactly the commands the table names for it, no more, no fewer
+    import importlib
+    probe = click.Group("probe")
+    for mod in sorted(set(m.LAZY_COMMANDS.values())):
+        before = set(probe.commands)
+        importlib.import_module(f"spark_memsaver.cli.{mod}").register(probe)
+        added = set(probe.commands) - before
+        assert added == {n for n, v in m.LAZY_COMMANDS.items() if v == mod}, (mod, added)
+    listed = [ln.split()[0] for ln in r.stdout.split("Commands:", 1)[1].splitlines() if ln.strip()]
+    assert listed == sorted(set(m.LAZY_COMMANDS) | {"status", "config"}), listed
+    for name, cmd in probe.commands.items():
+        short = " ".join(cmd.get_short_help_str(limit=300).split()[:3])
+        line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == [name])
+        assert short in line, (name, short, line)
+
+
+def test_unknown_command_is_still_a_usage_error():
+    r = subprocess.run([PY, "-m", "spark_memsaver", "bogus", "--json"], capture_output=True, text=True,
+                       env=_env(), timeout=60)
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["error"]["code"] == "usage"
+
+
+def test_completion_offers_lazy_commands():
+    r = subprocess.run([PY, "-c", "import sys; sys.argv[0] = 'spark-memsaver'; "
+                        "from spark_memsaver.cli.main import main; main()"], capture_output=True, text=True,
+                       env=_env(_SPARK_MEMSAVER_COMPLETE="bash_complete", COMP_WORDS="spark-memsaver re",
+                                COMP_CWORD="1"), timeout=60)
+    assert r.stdout.split() == ["plain,reconcile", "plain,remove"], r.stdout
