@@ -1,20 +1,21 @@
 """Compile matrix, the part CI can obtain: the patched nvidia-uvm really built by uvm_patch/compile-matrix.sh
 
-(a) x86_64 against Debian's linux-headers-amd64 with NVIDIA 535.261.03 / 550.163.01 / 555.58.02;
-(b) arm64 with CONFIG_ARM64_64K_PAGES=y (cross-compiled, bookworm linux-source-6.1) with 550.163.01;
+(a) x86_64 against Debian's linux-headers-amd64 with NVIDIA 535.261.03 / 550.163.01 / 555.58.02 (Debian's) and
+    580.142 (the shared directory's tree: the branch DGX Spark nodes run);
+(b) arm64 with CONFIG_ARM64_64K_PAGES=y (cross-compiled, bookworm linux-source-6.1) with 550.163.01 and 580.142;
 (c) Linux 7.x (tests/support/matrix7.py: a trixie build root, gcc-14, Debian's real linux-headers-7.3.4
     amd64 / arm64 / arm64-16k installed with apt, and a 64 KiB-page tree from linux-source-7.3):
     - CI: NVIDIA 550.163.01 (Debian's) on 7.3 amd64 as shipped: the stock tree fails (kernel APIs gone in
       7.x) and the patched tree fails with exactly the same errors, while our pool object compiles, also
       with W=1, without a warning ("stock-fails", exit 3);
-    - slow (SPARK_MEMSAVER_MATRIX_7X=1; GitHub trees exported into the cache): r580/r590/r595 x the four
+    - slow (SPARK_MEMSAVER_MATRIX_7X=1; the shared directory's GitHub trees): r580/r590/r595 x the four
       7.x cells with OF_GPIO_SHIM=1, stock + patched: "pass", or "stock-fails" with identical error sets.
 
 Each build is ~3 min on 2 cores. Compile-only: modpost runs with KBUILD_MODPOST_WARN=1 (nvidia.ko's
 Module.symvers is not built here), so these modules prove compilation, never deployability.
 By default only the patched tree is built and its warnings must not come from our code; set
 SPARK_MEMSAVER_MATRIX_STOCK=1 to also build the stock tree and require no new warning at all.
-The GitHub branches (580/590/595) are recorded in uvm_patch/COMPILE-MATRIX.md (session builds).
+CI builds r580 (580.142) in (a) and (b); every GitHub branch x cell is recorded in uvm_patch/COMPILE-MATRIX.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import matrix7, nvsrc
+from tests.support import matrix7, needs, nvsrc
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "uvm_patch" / "compile-matrix.sh"
@@ -58,7 +59,7 @@ def _check(doc: dict, version: str, arch: str, out: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", ["550.163.01", "535.261.03", "555.58.02"])
+@pytest.mark.parametrize("version", ["550.163.01", "535.261.03", "555.58.02", "580.142"])
 def test_x86_64_debian_headers(version, tmp_path):
     src = nvsrc.nvidia_source(version)
     krel, kdir = nvsrc.x86_headers()
@@ -69,13 +70,14 @@ def test_x86_64_debian_headers(version, tmp_path):
 
 
 @pytest.mark.slow
-def test_arm64_64k_pages_550(tmp_path):
-    src = nvsrc.nvidia_source("550.163.01")
+@pytest.mark.parametrize("version", ["550.163.01", "580.142"])
+def test_arm64_64k_pages(version, tmp_path):
+    src = nvsrc.nvidia_source(version)
     tree = nvsrc.arm64_64k_tree()
     assert "CONFIG_ARM64_64K_PAGES=y" in (tree / ".config").read_text()
-    out = tmp_path / "550.163.01-arm64"
+    out = tmp_path / f"{version}-arm64"
     doc = _run_matrix(src, tree, "arm64", out)
-    _check(doc, "550.163.01", "arm64", out)
+    _check(doc, version, "arm64", out)
     assert doc["arm64_64k_pages"] is True
     assert "aarch64" in doc["vermagic"]
 
@@ -84,11 +86,7 @@ def test_arm64_64k_pages_550(tmp_path):
 # Linux 7.x
 
 def _cell7(version: str, name: str, tmp_path: Path, **kw) -> tuple[int, str, dict]:
-    if version not in nvsrc.DEBIAN_VERSIONS:
-        try:
-            nvsrc.nvidia_source(version)
-        except nvsrc.SourceUnavailable as e:  # GitHub trees: exported by hand, never in CI
-            pytest.skip(str(e))
+    nvsrc.nvidia_source(version)          # Debian's or the shared directory's
     rc, text, doc = matrix7.cell(version, name, tmp_path / f"{version}-{name}", **kw)
     assert doc is not None, f"no result.json (rc={rc}):\n{text[-4000:]}"
     return rc, text, doc
@@ -124,7 +122,7 @@ def test_linux7_cell(version, name, tmp_path):
     """One 7.x cell with OF_GPIO_SHIM=1, stock + patched: "pass" (every check of compile-matrix.sh), or
     "stock-fails" (NVIDIA's unpatched tree fails on this kernel and the patched tree fails identically)."""
     if os.environ.get("SPARK_MEMSAVER_MATRIX_7X") != "1":
-        pytest.skip("heavy (10-18 min per cell on 2 shared cores): set SPARK_MEMSAVER_MATRIX_7X=1; results in "
+        needs.beyond_ci(f"7.x cell {version} {name}", "heavy (10-18 min per cell on 2 shared cores): set SPARK_MEMSAVER_MATRIX_7X=1; results in "
                     "uvm_patch/COMPILE-MATRIX.md")
     rc, text, doc = _cell7(version, name, tmp_path, stock=True, shim=True)
     assert doc["status"] in ("pass", "stock-fails") and rc in (0, 3), f"{doc['failures']}\n{text[-3000:]}"

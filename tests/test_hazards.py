@@ -2,8 +2,8 @@
 
 Fixtures: tests/fixtures/hazards/nv-linux.h-<tag>.excerpt are the lines around NV_DMA_SUBMAP_MAX_PAGES of
 NVIDIA's real nv-linux.h at each tag; the -fixed / -partial64k files are constructed (said in their first
-line). When the open-gpu-kernel-modules mirror is on this machine (not in CI), the whole real file of every
-tag is checked too.
+line). The whole real file of the six shared r580-r595 tags (tests/support/nvsrc.py) is checked too; every
+tag's, where an open-gpu-kernel-modules git mirror is on this machine (not in CI).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from spark_memsaver.decide import hazards as hz
+from tests.support import needs, nvsrc
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "uvm_patch" / "hazards.yaml"
@@ -266,8 +267,26 @@ def _git(*args) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "--git-dir", str(MIRROR), *args], capture_output=True, text=True)
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no open-gpu-kernel-modules mirror at {MIRROR} (CI has none)")
+def _nv_linux_h(tag: str) -> str:
+    """NVIDIA's whole common/inc/nv-linux.h of ``tag`` (tests/support/nvsrc.py: the shared r580-r595 trees)."""
+    return (nvsrc.nvidia_source(tag) / "common/inc/nv-linux.h").read_text()
+
+
+@pytest.mark.parametrize("tag", nvsrc.GITHUB_VERSIONS)
+def test_shared_tags_content_agrees_with_the_version_range(h1269, tag):
+    text = _nv_linux_h(tag)
+    for ps in (K16, K64):
+        by_text = hz.assess(h1269, driver_version=tag, arch="aarch64", page_size=ps, nv_linux_h_text=text)
+        by_ver = hz.assess(h1269, driver_version=tag, arch="aarch64", page_size=ps, nv_linux_h_text=None)
+        assert by_text.decided_by == "content"
+        assert by_text.state == by_ver.state, (tag, ps, by_text.reason)
+        assert (by_text.state == hz.AFFECTED) is (hz.parse_version(tag) >= (590, 44, 1)), (tag, ps)
+
+
 def test_every_tag_content_agrees_with_the_version_range(h1269):
+    if not MIRROR.is_dir():
+        needs.beyond_ci("every open-gpu-kernel-modules tag", f"needs a git mirror at {MIRROR} "
+                        "($SPARK_MEMSAVER_NV_MIRROR); CI checks the six shared tags above")
     tags = [t for t in _git("tag").stdout.split() if hz.parse_version(t)]
     assert len(tags) > 50
     seen = {hz.AFFECTED: 0, hz.NOT_AFFECTED: 0}
@@ -282,10 +301,9 @@ def test_every_tag_content_agrees_with_the_version_range(h1269):
     assert seen[hz.AFFECTED] >= 6 and seen[hz.NOT_AFFECTED] >= 100
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no open-gpu-kernel-modules mirror at {MIRROR} (CI has none)")
 @pytest.mark.parametrize("tag", ["580.142", "590.44.01", "590.48.01", "595.45.04"])
 def test_fixture_excerpts_are_nvidias_text(tag):
-    full = _git("show", f"{tag}:kernel-open/common/inc/nv-linux.h").stdout
+    full = _nv_linux_h(tag)
     body = excerpt(tag).split("\n", 1)[1]
     assert body in full
 
@@ -392,12 +410,10 @@ def test_a_missing_table_is_one_info_finding(tmp_path, monkeypatch):
     assert [f["severity"] for f in doc["findings"] if f["code"] == "hazards-table-unreadable"] == ["info"]
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no open-gpu-kernel-modules mirror at {MIRROR} (CI has none)")
 @pytest.mark.parametrize("tag,affected", [("580.142", False), ("590.44.01", True), ("595.45.04", True)])
 def test_status_with_nvidias_whole_file(tmp_path, tag, affected):
     root = node(tmp_path, version=tag)
-    sparkroot.write(root, f"/usr/src/nvidia-{tag}/common/inc/nv-linux.h",
-                    _git("show", f"{tag}:kernel-open/common/inc/nv-linux.h").stdout)
+    sparkroot.write(root, f"/usr/src/nvidia-{tag}/common/inc/nv-linux.h", _nv_linux_h(tag))
     doc, _ = status_doc(root)
     assert bool(hazard_findings(doc)) is affected
 

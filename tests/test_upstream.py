@@ -1,30 +1,49 @@
 """The upstream series (uvm_patch/upstream/): generated from the DKMS sources, applies to 595.45.04, compiles.
 
-Without the open-gpu-kernel-modules mirror (CI) the series is compared minus git's `index` lines of NVIDIA's
-files (they need NVIDIA's blobs), and the apply/compile tests skip with the reason. With the mirror, the
-comparison is byte for byte, `git apply --check` runs against the tag's full tree, and (-m compile) the
-series is applied and nvidia-uvm.ko built against this machine's x86_64 headers.
+NVIDIA's 595.45.04 kernel-open/ comes from the shared directory (tests/support/nvsrc.py), committed into a
+throw-away git repository: `git apply --check` runs against it, every `index` line of the series is the blob
+id of that tree's file before and after the series, and (-m compile) the series is applied and nvidia-uvm.ko
+built against this machine's x86_64 headers by build-check. The generator's own comparison reads the
+open-gpu-kernel-modules mirror when it is here (not in CI: the series is then compared minus the index lines,
+which the blob-id test above covers).
 """
 
 from __future__ import annotations
 
-import glob
 import importlib.machinery
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import nvsrc
+
 REPO = Path(__file__).resolve().parent.parent
 UP = REPO / "uvm_patch" / "upstream"
 MIRROR = Path(os.environ.get("SPARK_MEMSAVER_NV_MIRROR", "/work/.mirror/NVIDIA+open-gpu-kernel-modules/repo"))
-no_mirror = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"no open-gpu-kernel-modules mirror at {MIRROR} "
-                                                          "(CI has none)")
+TAG = "595.45.04"
+
+
+@pytest.fixture(scope="module")
+def tag_repo(tmp_path_factory) -> Path:
+    """A git repository whose tag 595.45.04 holds NVIDIA's kernel-open/ of that tag (the shared tree; the
+    commit id differs from NVIDIA's, the blobs are the same). The mirror is used where it exists."""
+    if MIRROR.is_dir():
+        return MIRROR
+    src = nvsrc.nvidia_source(TAG)
+    repo = tmp_path_factory.mktemp("nvtag") / "repo"
+    shutil.copytree(src, repo / "kernel-open", symlinks=True)
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", GIT_CONFIG_NOSYSTEM="1", HOME=str(repo.parent))
+    for argv in (["init", "-q"], ["add", "-A", "-f", "kernel-open"], ["commit", "-q", "-m", TAG], ["tag", TAG]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, env=env, capture_output=True)
+    return repo / ".git"
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +145,62 @@ def test_apply_hunks_refuses_wrong_context(gen):
         gen.apply_hunks("a\nB\nc\n", [h], "f")
 
 
-@no_mirror
-def test_series_applies_to_the_tag_with_git_apply_check(tmp_path):
+def test_index_lines_are_the_tags_blobs(tag_repo):
+    """Every `index OLD..NEW` line of the series: OLD is the tag's blob of that file (zeros for a new file),
+    NEW the blob of the file after the series up to that patch (git hash-object of the applied text)."""
+    texts: dict[str, str] = {}
+    checked = 0
+    for name, patch in committed().items():
+        for rel, body in _files(patch).items():
+            m = re.match(r"(?:new file mode \d+\n)?index ([0-9a-f]+)\.\.([0-9a-f]+)", body)
+            assert m, (name, rel, body[:200])
+            old, new = m.groups()
+            if rel not in texts:
+                show = subprocess.run(["git", "--git-dir", str(tag_repo), "show", f"{TAG}:{rel}"],
+                                      capture_output=True, text=True)
+                texts[rel] = show.stdout if show.returncode == 0 else None
+            before = texts[rel]
+            want_old = _blob(before)[:len(old)] if before is not None else "0" * len(old)
+            assert old == want_old, (name, rel)
+            after = _apply_file(before or "", body)
+            assert _blob(after)[:len(new)] == new, (name, rel)
+            texts[rel] = after
+            checked += 1
+    assert checked == 5
+
+
+def _blob(text: str) -> str:
+    return subprocess.run(["git", "hash-object", "--stdin"], input=text, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _apply_file(text: str, body: str) -> str:
+    """``text`` with the hunks of one file's diff section applied (exact context, as git apply would)."""
+    lines, body_lines = text.splitlines(keepends=True), body.splitlines(keepends=True)
+    out, pos, i = [], 0, 0
+    while i < len(body_lines):
+        m = re.match(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@", body_lines[i])
+        i += 1
+        if not m:
+            continue
+        old_n, new_n = int(m.group(2) or 1), int(m.group(3) or 1)
+        start = int(m.group(1)) - (0 if old_n == 0 else 1)
+        out += lines[pos:start]
+        pos = start
+        while old_n or new_n:
+            ln = body_lines[i]
+            i += 1
+            if ln[0] in " -":
+                assert lines[pos] == ln[1:], (pos, ln)
+                pos, old_n = pos + 1, old_n - 1
+            if ln[0] in " +":
+                out.append(ln[1:])
+                new_n -= 1
+    return "".join(out + lines[pos:])
+
+
+def test_series_applies_to_the_tag_with_git_apply_check(tmp_path, tag_repo):
+    MIRROR = tag_repo
     g = tmp_path / "git"
     subprocess.run(["git", "init", "-q", "--bare", str(g)], check=True)
     (g / "objects/info/alternates").write_text(f"{MIRROR}/objects\n")
@@ -146,18 +219,12 @@ def test_series_applies_to_the_tag_with_git_apply_check(tmp_path):
     assert p.returncode != 0
 
 
-def _x86_headers() -> Path | None:
-    found = sorted(glob.glob("/lib/modules/*/build/include/generated/utsrelease.h"))
-    return Path(found[-1]).parents[2] if found else None
-
-
 @pytest.mark.compile
 @pytest.mark.slow
-@no_mirror
-@pytest.mark.skipif(_x86_headers() is None, reason="no kernel headers under /lib/modules/*/build")
-def test_series_compiles_against_x86_64_headers(tmp_path):
+def test_series_compiles_against_x86_64_headers(tmp_path, tag_repo):
+    _, kdir = nvsrc.x86_headers()
     out = tmp_path / "out"
-    p = subprocess.run([str(UP / "build-check"), str(MIRROR), str(_x86_headers()), "x86_64", str(out)],
+    p = subprocess.run([str(UP / "build-check"), str(tag_repo), str(kdir), "x86_64", str(out)],
                        capture_output=True, text=True, timeout=3600)
     result = json.loads((out / "result.json").read_text())
     assert p.returncode == 0 and result["status"] == "pass", (result["failures"], p.stdout[-2000:])
