@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from spark_memsaver.decide.c_expr import CEvalError, Expr, Undecidable, tokens
+from spark_memsaver.decide.c_expr import CEvalError, CLimitError, Expr, Limits, Undecidable, tokens
 
 ARM64_PAGE_SIZES = (4096, 16384, 65536)
 
@@ -28,7 +28,7 @@ _BUILTINS = {
     **{f"SZ_{n}G": n << 30 for n in (1, 2, 4)},
 }
 _MAX_NESTING = 64
-_MAX_TEXT = 4 << 20
+_MAX_TEXT = 2 << 20             # NVIDIA's nv-linux.h: ~60 KiB (observe/snapshot.py reads no more)
 
 
 def _config(page_size: int) -> dict:
@@ -43,49 +43,34 @@ def _config(page_size: int) -> dict:
     return cfg
 
 
+_PIECES = re.compile(r"""/\*.*?\*/|//[^\n]*|/\*|"(?:\\.|[^"\\\n])*"?|'(?:\\.|[^'\\\n])*'?|[^/"']+|/""", re.S)
+
+
 def _strip_comments(text: str) -> str:
-    """Remove /* */ and // comments (keeping newlines), aware of string and char literals."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "/" and i + 1 < n and text[i + 1] == "*":
-            j = text.find("*/", i + 2)
-            if j < 0:
-                raise CEvalError(f"unterminated /* comment at line {text.count(chr(10), 0, i) + 1}")
-            out.append(" " + "\n" * text.count("\n", i, j))
-            i = j + 2
-        elif c == "/" and i + 1 < n and text[i + 1] == "/":
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-        else:
-            j = i
-            while j < n and text[j] not in "/\"'":
-                j += 1
-            if j == i:
-                out.append(c)
-                j += 1
-            else:
-                out.append(text[i:j])
-            i = j
+    """Remove /* */ and // comments (keeping newlines), aware of string and char literals. Linear."""
+    out = []
+    for m in _PIECES.finditer(text):
+        piece = m.group()
+        if piece.startswith("/*"):
+            if piece == "/*":
+                raise CEvalError(f"unterminated /* comment at line {text.count(chr(10), 0, m.start()) + 1}")
+            out.append(" " + "\n" * piece.count("\n"))
+        elif not piece.startswith("//"):
+            out.append(piece)
     return "".join(out)
 
 
 def _logical_lines(text: str):
-    """(first line number, text) of each logical line: comments removed, continuations joined."""
+    """(first line number, text) of each logical line: comments removed, continuations joined (linear)."""
     lines = _strip_comments(text).split("\n")
     i = 0
     while i < len(lines):
-        start, buf = i + 1, lines[i]
-        while buf.endswith("\\") and i + 1 < len(lines):
+        start, parts = i + 1, [lines[i]]
+        while parts[-1].endswith("\\") and i + 1 < len(lines):
             i += 1
-            buf = buf[:-1] + " " + lines[i]
-        yield start, buf
+            parts[-1] = parts[-1][:-1]
+            parts.append(lines[i])
+        yield start, " ".join(parts)
         i += 1
 
 
@@ -101,8 +86,10 @@ class _Def:
 def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
     """Run the conditional structure for one configuration; return each macro's definitions in order."""
     if len(text) > _MAX_TEXT:
-        raise CEvalError(f"the file is larger than {_MAX_TEXT >> 20} MiB")
+        raise CLimitError(f"the file is larger than {_MAX_TEXT >> 20} MiB")
     defs: dict[str, list[_Def]] = {}
+    limits = Limits()
+    memo: dict = {}             # values of macros as defined so far: emptied by each #define/#undef
     # frame: [state of this group (True/False/None), any earlier group taken (True/False/None),
     #         line, directive text, saw #else]
     stack: list[list] = []
@@ -131,7 +118,9 @@ def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
         if name in cfg:
             return int(bool(cfg[name]))
         try:
-            return _resolve(name, defs, cfg, set())
+            return _resolve(name, defs, cfg, set(), limits, memo)
+        except CLimitError:
+            raise
         except (Undecidable, CEvalError):
             return None
 
@@ -139,7 +128,9 @@ def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
         if not expr.strip():
             raise CEvalError(f"line {line}: a conditional without an expression")
         try:
-            return Expr(tokens(expr), ident, True).parse()
+            return Expr(tokens(expr), ident, True, limits).parse()
+        except CLimitError:
+            raise
         except CEvalError:
             return None                     # undecidable here; matters only if the macro sits under it
 
@@ -159,6 +150,7 @@ def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
             continue
         d, rest = m.group(1), m.group(2).strip()
         shown = f"#{d} {rest}".strip()
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
         if d in ("if", "ifdef", "ifndef"):
             if len(stack) >= _MAX_NESTING:
                 raise CEvalError(f"line {line}: conditionals nested deeper than {_MAX_NESTING}")
@@ -200,6 +192,7 @@ def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
                 raise CEvalError(f"line {line}: #{d} without a macro name")
             state, why = current()
             if state is not False:
+                memo.clear()
                 name = mm.group(1)
                 if d == "undef":
                     defs.setdefault(name, []).append(_Def(state, None, False, line, why))
@@ -212,8 +205,29 @@ def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
     return defs
 
 
-def _resolve(name: str, defs: dict, cfg: dict, active: set) -> int:
-    """Value of an object-like macro after the whole file (the last definition in effect)."""
+def _resolve(name: str, defs: dict, cfg: dict, active: set, limits: Limits, memo: dict) -> int:
+    """Value of an object-like macro after the whole file (the last definition in effect).
+
+    ``memo`` holds each macro's outcome (value or exception) while ``defs`` stays the same: a macro used
+    many times is evaluated once (a chain of ``#define M<i+1> (M<i>+M<i>)`` is linear, not exponential).
+    A macro whose resolution meets one still ``active`` is on a cycle, so its failure is memoised too."""
+    hit = memo.get(name)
+    if hit is not None:
+        if isinstance(hit, Exception):
+            raise hit
+        return hit
+    try:
+        v = _resolve_uncached(name, defs, cfg, active, limits, memo)
+    except CLimitError:
+        raise                               # the whole read stops; nothing to remember
+    except (Undecidable, CEvalError) as e:
+        memo[name] = e
+        raise
+    memo[name] = v
+    return v
+
+
+def _resolve_uncached(name: str, defs: dict, cfg: dict, active: set, limits: Limits, memo: dict) -> int:
     if name in active:
         raise CEvalError(f"{name} refers to itself")
     ds = defs.get(name)
@@ -238,17 +252,28 @@ def _resolve(name: str, defs: dict, cfg: dict, active: set) -> int:
     def ident(n, defined):
         if n in cfg and not isinstance(cfg[n], bool):
             return cfg[n]
-        return _resolve(n, defs, cfg, active)
+        return _resolve(n, defs, cfg, active, limits, memo)
 
+    limits.enter()
     try:
-        v = Expr(tokens(last.body), ident, False).parse()
+        v = Expr(tokens(last.body), ident, False, limits).parse()
+    except CLimitError:
+        raise
     except Undecidable as e:
-        raise Undecidable(f"{name} (line {last.line}): {e}") from None
+        raise Undecidable(f"{name} (line {last.line}): {_short(e)}") from None
     except CEvalError as e:
-        raise CEvalError(f"{name} (line {last.line}): {e}") from None
+        raise CEvalError(f"{name} (line {last.line}): {_short(e)}") from None
+    finally:
+        limits.leave()
     if v is None:
         raise Undecidable(f"{name} (line {last.line}) depends on a value this check cannot decide")
     return v
+
+
+def _short(e: Exception, n: int = 400) -> str:
+    """A long chain of macro names keeps its ends: the outer macros and the reason at the bottom."""
+    s = str(e)
+    return s if len(s) <= n else s[:n // 3] + " ... " + s[-(2 * n // 3):]
 
 
 def macro_value(text: str, macro: str, page_size: int) -> int:
@@ -256,12 +281,12 @@ def macro_value(text: str, macro: str, page_size: int) -> int:
     if page_size not in ARM64_PAGE_SIZES:
         raise CEvalError(f"page size {page_size} is not an arm64 page size")
     cfg = _config(page_size)
-    defs = _scan(text, cfg)
-    if not defs.get(macro):
-        raise CEvalError(f"{macro} is not defined in this file")
     try:
-        return _resolve(macro, defs, cfg, set())
+        defs = _scan(text, cfg)
+        if not defs.get(macro):
+            raise CEvalError(f"{macro} is not defined in this file")
+        return _resolve(macro, defs, cfg, set(), Limits(), {})
     except Undecidable as e:
         raise CEvalError(f"at {kib(page_size)} pages: {e}") from None
-    except RecursionError:
-        raise CEvalError(f"{macro}: macros nested too deeply") from None
+    except RecursionError:                  # a last resort: the limits keep far below Python's own
+        raise CLimitError("expressions or macros nested too deeply") from None

@@ -15,7 +15,9 @@ The only signature kind today is ``submap-alignment``: a small C preprocessor ev
 the ``#if/#ifdef/#elif/#else`` structure around it for each arm64 page size (``CONFIG_ARM64_<n>K_PAGES``, ``PAGE_SHIFT``) and computes its value. Conditions
 it cannot decide (symbols from other headers, function-like macros) make the answer ``unknown`` only
 when the macro's value depends on them. Odd or malformed text is ``unknown`` with a reason, never an
-exception.
+exception. A text this reader cannot read at all (past its limits: nesting, size, work; or any failure of
+the check itself) is not the file's answer: the version rule decides, and an info finding
+(``hazard-check-failed``: "hazard check could not read nv-linux.h: ...") says so.
 
 The table's format and loader are in decide/hazard_table.py; every public name is importable from here.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from spark_memsaver.decide.c_expr import CEvalError
+from spark_memsaver.decide.c_expr import CEvalError, CLimitError
 from spark_memsaver.decide.c_macros import ARM64_PAGE_SIZES, kib as _kib, macro_value
 from spark_memsaver.decide.hazard_table import (
     ARCH_ALIASES as _ARCH_ALIASES, FORMAT, Hazard, HazardsInvalid, Signature, load_hazards, parse_version)
@@ -63,8 +65,11 @@ def _in_range(h: Hazard, v: tuple[int, ...]) -> bool:
 
 
 def assess(hazard: Hazard, *, driver_version: str | None, arch: str | None, page_size: int | None,
-           nv_linux_h_text: str | None) -> Assessment:
-    """Decide whether this node meets the hazard. Pure; never raises for odd input."""
+           nv_linux_h_text: str | None, read_error: str | None = None) -> Assessment:
+    """Decide whether this node meets the hazard. Pure; never raises for odd input.
+
+    ``read_error``: the file exists but could not be read (e.g. over the size cap); like a text past the
+    reader's limits, the version rule then decides and ``details["check_failed"]`` holds the reason."""
     norm_arch = _ARCH_ALIASES.get(arch, arch) if isinstance(arch, str) else None
 
     def result(state, by, reason, **details):
@@ -86,16 +91,34 @@ def assess(hazard: Hazard, *, driver_version: str | None, arch: str | None, page
     if version is not None:
         by_version = AFFECTED if _in_range(hazard, version) else NOT_AFFECTED
 
+    failed = None
     if nv_linux_h_text is not None:
-        c = content_verdict(hazard.signature, nv_linux_h_text, page_size)
-        if c.state == UNKNOWN:
+        try:
+            c = content_verdict(hazard.signature, nv_linux_h_text, page_size)
+        except CLimitError as e:
+            c, failed = None, str(e)
+        except Exception as e:              # noqa: BLE001 - any failure of the check: the version decides
+            c, failed = None, f"{type(e).__name__}: {e}"[:400]
+        if c is None:
+            pass
+        elif c.state == UNKNOWN:
             hint = ""
             if by_version is not None:
                 hint = (f"; by version alone ({hazard.affected_text}) driver {driver_version} would be "
                         f"{by_version}")
             return result(UNKNOWN, "content", f"the driver source could not be read for "
                           f"{hazard.signature.macro}: {c.reason}{hint}", **c.details)
-        return result(c.state, "content", c.reason, **c.details)
+        else:
+            return result(c.state, "content", c.reason, **c.details)
+    elif read_error:
+        failed = read_error
+    if failed is not None:
+        failed = f"hazard check could not read {hazard.signature.files[0].rsplit('/', 1)[-1]}: {failed}"
+        if version is None:
+            return result(UNKNOWN, None, f"{failed}; no readable driver version", check_failed=failed)
+        return result(by_version, "version", f"{failed}; decided by the version range {hazard.affected_text}: "
+                      f"driver {driver_version} is {'inside' if by_version == AFFECTED else 'outside'} it",
+                      check_failed=failed)
 
     if version is None:
         return result(UNKNOWN, None, "no driver source on this node and no readable driver version"
@@ -122,6 +145,8 @@ def content_verdict(sig: Signature, text: str, page_size: int) -> ContentVerdict
     try:
         ref_pages = macro_value(text, sig.macro, sig.reference_page_size)
         pages = ref_pages if page_size == sig.reference_page_size else macro_value(text, sig.macro, page_size)
+    except CLimitError:
+        raise                               # not the file's answer: assess() lets the version decide
     except CEvalError as e:
         return ContentVerdict(UNKNOWN, str(e), {})
     ref_bytes, node_bytes = ref_pages * sig.reference_page_size, pages * page_size
@@ -158,7 +183,9 @@ def finding(hazard: Hazard, a: Assessment) -> dict | None:
                                   "arm64" if a.arch == "aarch64" else (a.arch or ""),
                                   f"{_kib(a.page_size)} pages" if a.page_size else "") if x)
     how = {"content": "decided from nv-linux.h in the driver source",
-           "version": f"decided by the driver version ({hazard.affected_text}): no driver source on this node"}
+           "version": f"decided by the driver version ({hazard.affected_text}): " + (
+               "the driver source's nv-linux.h could not be read" if a.details.get("check_failed")
+               else "no driver source on this node")}
     msg = (f"GPU allocations of 4 GiB or more made with cudaMalloc/cuMemCreate fault just below each 4 GiB "
            f"boundary on this node ({where}): {hazard.reference}, a fault in {hazard.component}, not in "
            f"spark-memsaver; cudaMallocManaged is not affected ({how.get(a.decided_by, a.reason)}).")
@@ -195,12 +222,33 @@ def findings_from_inputs(inputs: dict | None) -> list[dict]:
     sources = inputs.get("sources") or {}
     if not inputs.get("driver_version") and not sources:
         return []
+    errors = inputs.get("source_errors") or {}
     out = []
     for h in table_hazards:
         text = next((sources[f] for f in h.signature.files if sources.get(f) is not None), None)
-        a = assess(h, driver_version=inputs.get("driver_version"), arch=inputs.get("arch"),
-                   page_size=inputs.get("page_size"), nv_linux_h_text=text)
+        error = next((errors[f] for f in h.signature.files if errors.get(f)), None) if text is None else None
+        kw = dict(driver_version=inputs.get("driver_version"), arch=inputs.get("arch"),
+                  page_size=inputs.get("page_size"))
+        try:
+            a = assess(h, nv_linux_h_text=text, read_error=error, **kw)
+        except Exception as e:              # noqa: BLE001 - assess() is not expected to raise; if it does,
+            a = assess(h, nv_linux_h_text=None, read_error=f"{type(e).__name__}: {e}"[:400], **kw)
+        if a.details.get("check_failed"):
+            out.append(check_failed_finding(h, a, inputs.get("source_path")))
         f = finding(h, a)
         if f is not None:
             out.append(f)
     return out
+
+
+def check_failed_finding(hazard: Hazard, a: Assessment, source_path: str | None) -> dict:
+    """The info finding of a hazard check that could not read the driver's file (the version decided)."""
+    where = f"{source_path}/{hazard.signature.files[0]}" if source_path else hazard.signature.files[0]
+    verdict = (f"driver {a.driver_version} was judged by its version ({hazard.affected_text}) instead"
+               if a.decided_by == "version" else "no driver version to judge by either")
+    return {"code": "hazard-check-failed", "severity": "info",
+            "message": f"The known-hazard check of {hazard.reference} skipped the driver source: "
+                       f"{a.details['check_failed']}; {verdict}.",
+            "remedy": (f"Restore NVIDIA's file: sudo apt-get install --reinstall \"$(dpkg -S {where} | cut -d: -f1)\". "
+                       if where.startswith("/usr/src/") else "")
+                      + "If it is NVIDIA's file unchanged, report this as a spark-memsaver bug with the file attached."}

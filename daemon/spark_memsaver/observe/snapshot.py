@@ -283,7 +283,7 @@ def observe_records(host: Host) -> dict:
 # --- known driver hazards (decided in decide/hazards.py) ------------------------------------------
 
 HAZARDS_FILE = "hazards.yaml"
-_HAZARD_TEXT_MAX = 4 << 20
+_HAZARD_TEXT_MAX = 2 << 20      # decide/c_macros.py reads no more
 
 
 def _hazards_table() -> dict:
@@ -324,6 +324,7 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
         except HazardsInvalid:
             pass
     sources: dict[str, str] = {}
+    errors: dict[str, str] = {}         # a file there that could not be read (decide/hazards.py says so)
     src_path = None
     for s in driver.get("sources", []):
         if version and s.get("version") == version:
@@ -331,13 +332,18 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
             for rel in files:
                 p = host.path(f"{src_path}/{rel}")
                 try:
-                    if p.is_file() and p.stat().st_size <= _HAZARD_TEXT_MAX:
-                        sources[rel] = p.read_text(errors="replace")
-                except OSError:
-                    pass
+                    if p.is_file():
+                        with open(p, "rb") as f:        # never more than the cap (+1 byte to know it is over)
+                            data = f.read(_HAZARD_TEXT_MAX + 1)
+                        if len(data) > _HAZARD_TEXT_MAX:
+                            errors[rel] = f"the file is larger than {_HAZARD_TEXT_MAX >> 20} MiB"
+                        else:
+                            sources[rel] = data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+                except OSError as e:
+                    errors[rel] = f"cannot read it: {e.strerror or e}"
             break
     return {"table": table, "driver_version": version, "arch": h.get("arch"), "page_size": h.get("page_size"),
-            "source_path": src_path, "sources": sources}
+            "source_path": src_path, "sources": sources, "source_errors": errors}
 
 
 # --- the snapshot ------------------------------------------------------------------------------
