@@ -23,7 +23,9 @@ def register(cli) -> None:
         from spark_memsaver.host import events as ev
 
         t0 = parse_since(since) if since else None
-        rows = ev.read(obj.host, since=t0)
+        rows, skipped = ev.read_counted(obj.host, since=t0)
+        if skipped:
+            click.echo(f"note: {skipped} unreadable lines skipped in {obj.host.path(ev.EVENTS)}", err=True)
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return 0
@@ -31,9 +33,9 @@ def register(cli) -> None:
             click.echo("no events" + (f" since {since}" if since else "") + ".")
             return 0
         click.echo(f"{'TIME (UTC)':<20}  {'OPERATION':<15} {'RESULT':<7} {'KERNEL':<28} DETAIL")
-        for e in rows:
-            detail = (e.get("error") or {}).get("message") or ", ".join(
-                f"{s.get('action')}" + (f" {s['kernel']}" if s.get("kernel") else "") for s in e.get("steps") or [])
-            click.echo(f"{e.get('time', '?').replace('T', ' ').rstrip('Z'):<20}  {e.get('op', '?'):<15} "
-                       f"{'ok' if e.get('ok') else 'failed':<7} {e.get('kernel') or '-':<28} {detail}".rstrip())
+        for e in rows:      # host/events.py read only well-formed events: time and op are strings
+            detail = str((e.get("error") or {}).get("message") or ", ".join(
+                f"{s.get('action')}" + (f" {s['kernel']}" if s.get("kernel") else "") for s in e.get("steps") or []))
+            click.echo(f"{e['time'].replace('T', ' ').rstrip('Z'):<20}  {e['op']:<15} "
+                       f"{'ok' if e.get('ok') else 'failed':<7} {str(e.get('kernel') or '-'):<28} {detail}".rstrip())
         return 0

@@ -32,7 +32,10 @@ def parse_since(text: str, now: float | None = None) -> float:
 
 
 def _gib(v) -> str:
-    return f"{v / 1073741824:.2f}" if isinstance(v, (int, float)) else "n/a"
+    try:
+        return f"{v / 1073741824:.2f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
+    except OverflowError:
+        return "n/a"
 
 
 def register(cli) -> None:
@@ -52,13 +55,18 @@ def register(cli) -> None:
         from spark_memsaver.service import history as hist
 
         t0 = parse_since(since) if since else None
+        skipped = 0
         if hist.exists(obj.host):
-            samples = hist.read(obj.host, since=t0)
+            samples, skipped = hist.read_counted(obj.host, since=t0)
         elif obj.root == "/":
             from spark_memsaver.cli.client import get_history
-            samples = [s for s in get_history() if t0 is None or (s.get("time") or 0) >= t0]
+            samples = [s for s in get_history() if isinstance(s, dict) and hist.valid_time(s.get("time"))
+                       and (t0 is None or s["time"] >= t0)]
         else:
             samples = []
+        if skipped:
+            click.echo(f"note: {skipped} unreadable lines skipped in {obj.host.path(hist.paths.SAMPLES_DIR)}",
+                       err=True)
         if as_json:
             click.echo(json.dumps(samples, indent=2))
             return 0

@@ -5,6 +5,10 @@ requests should call it too). A line is written with one ``write()`` on an O_APP
 sees whole lines; a line torn by a crash is skipped when read. When the file passes :data:`MAX_BYTES` it is
 rewritten atomically (fsutil.atomic_write) keeping its newest half. Recording never fails the operation: an
 unwritable log is logged and reported as False.
+
+Read back, a line is used only when it is an event as :func:`event_of` writes it (a JSON object, ``time`` a UTC
+time between the epoch and 2100, ``op`` a string, ``error`` an object, ``steps`` a list of objects, strings or
+numbers elsewhere); anything else is skipped and counted (:func:`read_counted`), never shown half-read.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import time
 
 from spark_memsaver.host import paths
-from spark_memsaver.host.fsutil import atomic_write
+from spark_memsaver.host.fsutil import atomic_write, loads_strict
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +100,47 @@ def _trim(p: str) -> None:
 
 def read(host, since: float | None = None) -> list[dict]:
     """Every whole, parsable event, oldest first (``since``: epoch seconds)."""
-    out = []
+    return read_counted(host, since)[0]
+
+
+def read_counted(host, since: float | None = None) -> tuple[list[dict], int]:
+    """``read``, and how many lines were skipped as unreadable (not an event; a torn last line is not counted)."""
+    out, skipped = [], 0
     with contextlib.suppress(FileNotFoundError):
         with open(host.path(EVENTS), "rb") as f:
             for raw in f:
                 if not raw.endswith(b"\n"):
                     break  # a line torn by a crash
-                with contextlib.suppress(ValueError, UnicodeDecodeError):
-                    ev = json.loads(raw)
-                    if isinstance(ev, dict) and (since is None or _epoch(ev.get("time")) >= since):
-                        out.append(ev)
-    return out
+                if not raw.strip():
+                    continue
+                try:
+                    ev = loads_strict(raw.decode())
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    ev = None
+                t = _epoch(ev.get("time")) if _well_formed(ev) else None
+                if t is None:
+                    skipped += 1
+                elif since is None or t >= since:
+                    out.append(ev)
+    return out, skipped
 
 
-def _epoch(t) -> float:
+def _well_formed(ev) -> bool:
+    if not isinstance(ev, dict) or not isinstance(ev.get("op"), str):
+        return False
+    if "error" in ev and not isinstance(ev["error"], dict):
+        return False
+    if "steps" in ev and not (isinstance(ev["steps"], list) and all(isinstance(s, dict) for s in ev["steps"])):
+        return False
+    return all(isinstance(v, (str, int, float, bool)) or v is None
+               for k, v in ev.items() if k not in ("error", "steps"))
+
+
+def _epoch(t) -> float | None:
+    """Epoch seconds of an event's UTC time; None unless it is one, between the epoch and 2100."""
     import calendar
     try:
-        return float(calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")))
-    except (TypeError, ValueError):
-        return 0.0
+        v = float(calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if 0 <= v < 4102444800 else None

@@ -72,3 +72,22 @@ def sha256_file(path) -> str | None:
         return h.hexdigest()
     except OSError:
         return None
+
+
+def _not_json(token: str):
+    raise ValueError(f"{token} is not JSON")
+
+
+def _finite(text: str) -> float:
+    import math
+    v = float(text)
+    if not math.isfinite(v):            # 1e400 reads as inf
+        raise ValueError(f"{text} is out of range")
+    return v
+
+
+def loads_strict(text: str | bytes):
+    """json.loads of one line, refusing NaN, Infinity and numbers that overflow to them (RFC 8259 has none):
+    what the history and event readers accept. ValueError (or RecursionError, deep nesting) otherwise."""
+    import json
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)

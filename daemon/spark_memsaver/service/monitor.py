@@ -169,10 +169,13 @@ class Monitor:
             s = {"time": round(time.time(), 3), "reason": reason, "error": f"{type(e).__name__}: {e}"}
         uvm = s.pop("_uvm", None)
         self.history.append(pack(s))
-        self.persisted.append(s)
-        if self.textfile_path():
-            self._write_prometheus(s)
-        self._on_sample(dict(s, _uvm=uvm))
+        try:    # a failure here must not escape: GLib removes a timer whose callback raises (sampling stops)
+            self.persisted.append(s)
+            if self.textfile_path():
+                self._write_prometheus(s)
+            self._on_sample(dict(s, _uvm=uvm))
+        except Exception:
+            log.exception("after sampling")
         return s
 
     def textfile_path(self) -> str | None:
