@@ -6,12 +6,9 @@ The CLI prints them without a traceback; the daemon maps the class name to a D-B
 
 from __future__ import annotations
 
-# Exit codes, documented in README.md and spark-memsaver(8).
-EXIT_OK = 0
-EXIT_PROBLEM = 1      # a problem was found, or the operation was refused
-EXIT_USAGE = 2        # bad usage, bad config, inspection impossible
-EXIT_FAILED = 3       # the operation failed midway (a recovery record explains)
-EXIT_NOT_APPLICABLE = 4
+# Exit codes: one table, exitcodes.py (README.md and spark-memsaver(8) are generated from it).
+from spark_memsaver.exitcodes import (EXIT_FAILED, EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM,  # noqa: F401
+                                      EXIT_USAGE)
 
 
 class MemsaverError(Exception):

@@ -16,8 +16,8 @@ class DkmsError(MemsaverError):
 
 class DkmsMissing(DkmsError):
     code = "dkms-missing"
-    exit_code = EXIT_USAGE
-    remedy = "Install DKMS: apt install dkms."
+    exit_code = EXIT_PROBLEM   # a missing piece, like headers-missing: refused, not bad usage
+    remedy = "sudo apt-get install dkms"
 
 
 class HeadersMissing(DkmsError):

@@ -1,13 +1,10 @@
-"""spark-memsaver: the command-line interface (click).
-
-Exit codes: 0 ok/consistent; 1 a problem was found or the operation was refused; 2 bad usage, bad config or
-inspection impossible; 3 the operation failed midway; 4 not applicable (validate: no CUDA/GPU).
-"""
+"""spark-memsaver: the command-line interface (click). Exit codes: spark_memsaver/exitcodes.py."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import click
@@ -59,6 +56,15 @@ LAZY_COMMANDS = {"patch": "patch", "build": "build", "install": "build", "remove
                  "validate": "validate", "history": "history", "events": "events", "metrics": "metrics"}
 
 
+def _stdout_gone() -> int:
+    """The reader of our stdout went away ('status | head -1'): what is left goes nowhere; that is not an error."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 class SafeGroup(click.Group):
     """Named errors become messages and exit codes; nothing reaches the user as a traceback."""
 
@@ -70,6 +76,15 @@ class SafeGroup(click.Group):
             import importlib
             importlib.import_module(f"spark_memsaver.cli.{LAZY_COMMANDS[name]}").register(self)
         return self.commands.get(name)
+
+    def invoke(self, ctx):
+        # inside click's main, which would turn EPIPE into exit 1: a closed pipe is caught (and flushed) here
+        try:
+            rv = super().invoke(ctx)
+            sys.stdout.flush()
+            return rv
+        except BrokenPipeError:
+            return _stdout_gone()
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
@@ -98,7 +113,7 @@ class SafeGroup(click.Group):
             click.echo("interrupted", err=True)
             sys.exit(EXIT_FAILED)
         except BrokenPipeError:
-            sys.exit(0)
+            sys.exit(_stdout_gone())
         except Exception as e:  # a bug: say so plainly, keep the traceback for --debug
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 raise
@@ -124,30 +139,20 @@ def cli(ctx, root, config_path, debug):
     ctx.obj = Context(root, config_path, debug)
 
 
-# status --quiet: the state as the exit status, like 'systemctl is-active' (README's table, the man page).
-QUIET_CODES = {"active": 0, "stock": 0, "not-applicable": 0, "built": 0, "installed": 0,
-               "needs-attention": 1, "inactive": 3, "rolled-back": 4, "unverified": 5}
+def _status_help() -> str:
+    from spark_memsaver import exitcodes as ec
+    rows = "\n".join(f"  {c}  {m.replace('`', '')}" for c, m in ec.QUIET_TABLE)
+    return ("Show what is installed, selected, loaded and saved, and what to do about it.\n\n"
+            "Exit status: 0 consistent, 1 a warning or an error was found, 2 inspection impossible or bad usage.\n\n"
+            "\b\nWith --quiet, the state decides, like 'systemctl is-active':\n" + rows)
 
 
-@cli.command()
+@cli.command(help=_status_help())
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document (schema 2).")
 @click.option("--direct", is_flag=True, help="Inspect directly even when spark-memsaverd runs.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; exit with the state's code (below).")
 @click.pass_obj
 def status(obj: Context, as_json: bool, direct: bool, quiet: bool):
-    """Show what is installed, selected, loaded and saved, and what to do about it.
-
-    Exit status: 0 consistent, 1 a problem was found, 2 inspection impossible or bad usage.
-
-    \b
-    With --quiet, the state alone decides, like 'systemctl is-active':
-      0  active, stock, not-applicable, built, installed (consistent)
-      1  needs-attention
-      2  inspection impossible or bad usage
-      3  inactive
-      4  rolled-back
-      5  unverified
-    """
     config = obj.config  # validate the config first: a bad file is exit 2
     doc = None
     if not direct and obj.root == "/":
@@ -160,16 +165,16 @@ def status(obj: Context, as_json: bool, direct: bool, quiet: bool):
         from spark_memsaver.report.document import status as run_status
         doc, _ = run_status(obj.host, config)
         doc["source"] = "direct"
+    from spark_memsaver import exitcodes
     if quiet:
-        return QUIET_CODES.get(doc.get("state"), 1)
+        return exitcodes.quiet_code(doc)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
         from spark_memsaver.report.document import render_text
         click.echo(render_text(doc))
         click.echo(f"\n(source: {'spark-memsaverd' if doc.get('source') == 'daemon' else 'direct inspection'})")
-    problem = any(f["severity"] in ("warning", "error") for f in doc["findings"])
-    return EXIT_PROBLEM if problem else 0
+    return exitcodes.status_code(doc)
 
 
 @cli.group()
