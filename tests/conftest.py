@@ -54,12 +54,16 @@ def _redirect_product_python() -> None:
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs(*tools): skip (fail under SPARK_MEMSAVER_TESTS_STRICT) "
                                        "when a tool is not installed (tests/support/needs.py)")
+    config.addinivalue_line("markers", "needs_modules(*modules): skip (fail under SPARK_MEMSAVER_TESTS_STRICT) "
+                                       "when a Python module is not importable (tests/support/needs.py)")
     _redirect_product_python()
 
 
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("needs"):
         needs.require(*mark.args)
+    for mark in item.iter_markers("needs_modules"):
+        needs.require_modules(*mark.args)
 
 
 @pytest.hookimpl(hookwrapper=True)

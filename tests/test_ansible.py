@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import nspawn
+from tests.support import needs, nspawn
 from tests.test_repo import PKG, build_repo, serve
 
 pytestmark = [pytest.mark.package, pytest.mark.slow]
@@ -36,10 +35,8 @@ NODE_EXTRA = ("openssh-server", "python3-apt")
 
 
 def _need(tool: str, pkg: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.skip(f"{tool} is not installed (apt-get install {pkg}; tools/deps/ops.txt)")
-    return path
+    needs.require(tool, remedy=f"apt-get install {pkg}; tools/deps/ops.txt")
+    return needs.which(tool)
 
 
 def test_ansible_lint_clean():
@@ -98,9 +95,7 @@ def _ok(r, what):
 
 
 def test_three_node_rollout_status_rollback(tmp_path):
-    reason = nspawn.available()
-    if reason:
-        pytest.skip(reason)
+    needs.containers()
     _need("ansible-playbook", "ansible-core")
     _need("ssh", "openssh-client")
     keydir = tmp_path / "repo-key"

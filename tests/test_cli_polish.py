@@ -141,3 +141,39 @@ def test_image_without_proc_works_for_read_only_commands(tmp_path):
     (empty / "proc").mkdir(parents=True)
     r = cli("--root", str(empty), "status")
     assert r.returncode == 2 and "remedy:" in r.stderr
+
+
+def test_status_quiet_code_of_every_state_is_the_help_tables(tmp_path):
+    """Every state `status --quiet` can report, reached on a real fixture root, exits with the code the help
+    table gives it (swapping two entries of the code map, or moving one, fails here), and 2 is never a state."""
+    from spark_memsaver.host import Host, intents
+    helptext = cli("status", "--help").stdout
+    table = {s: int(c) for c, s in re.findall(r"^\s*([0-9])\s+([a-z-]+)\s*$", helptext, re.M)}
+    for line in re.findall(r"^\s*0\s+(.+\(consistent\))\s*$", helptext, re.M):
+        table.update({s.strip(): 0 for s in line.replace("(consistent)", "").split(",")})
+    assert table == {"active": 0, "stock": 0, "not-applicable": 0, "built": 0, "installed": 0,
+                     "needs-attention": 1, "inactive": 3, "rolled-back": 4, "unverified": 5}, table
+    K = sparkroot.SPARK_KERNEL
+    roots = {
+        "active": sparkroot.make_spark_root(tmp_path / "active", uvm_loaded="ours", ours_installed="580.142"),
+        "stock": sparkroot.make_spark_root(tmp_path / "stock"),
+        "installed": sparkroot.make_spark_root(tmp_path / "installed", ours_installed="580.142"),
+        "needs-attention": sparkroot.make_spark_root(tmp_path / "bad", uvm_loaded="ours", ours_installed="580.95.05"),
+        "inactive": sparkroot.make_spark_root(tmp_path / "inactive", uvm_loaded="ours", ours_installed="580.142",
+                                              stats=sparkroot.stats_text(tier="off", packed=0, t256=0, t4k=0)),
+        "unverified": sparkroot.make_spark_root(tmp_path / "unverified", uvm_loaded="ours",
+                                                ours_installed="580.142", secure_boot=True),
+        "rolled-back": sparkroot.make_spark_root(tmp_path / "rolled"),
+    }
+    # a SecureBoot variable without its value byte: the state cannot be read (unknown), ours is loaded
+    sparkroot.write(roots["unverified"], f"/sys/firmware/efi/efivars/SecureBoot-{sparkroot.EFI_GLOBAL}",
+                    b"\x06\x00\x00\x00")
+    intents.write_rollback(Host(roots["rolled-back"]), K, "the driver moved to 580.200.01",
+                           "sudo spark-memsaver install")
+    seen = {}
+    for want, root in roots.items():
+        doc = json.loads(cli("--root", str(root), "status", "--json").stdout)
+        r = quiet(root)
+        assert r.stdout == "" and r.stderr == "", (want, r.stdout, r.stderr)
+        seen[want] = (doc["state"], r.returncode)
+    assert seen == {s: (s, table[s]) for s in roots}, seen

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 from tests.support.privatebus import REPO, PrivateSystemBus, start_daemon, stop_process
 
 sys.path.insert(0, str(REPO / "daemon"))
@@ -40,9 +40,7 @@ MUTATING = {  # method -> gdbus arguments that are well-formed
 
 
 def _need(*tools):
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"missing tools {missing}: apt install {' '.join(missing)} (tools/deps/dbus.txt)")
+    needs.require(*tools, remedy="tools/deps/dbus.txt")
 
 
 # --- fixtures ------------------------------------------------------------------------------------
@@ -50,8 +48,7 @@ def _need(*tools):
 @pytest.fixture(scope="module")
 def bus():
     _need("dbus-daemon", "busctl", "gdbus", "setpriv")
-    if os.geteuid() != 0:
-        pytest.skip("the bus tests run the daemon as root and a caller as uid 65534 (run as root, as CI does)")
+    needs.root("the bus tests run the daemon as root and a caller as uid 65534 (run as root, as CI does)")
     d = Path(tempfile.mkdtemp(prefix="spark-memsaver-bus."))   # reachable by uid 65534 (pytest's tmp is 0700)
     b = PrivateSystemBus(d).start()
     yield b
@@ -282,8 +279,6 @@ def test_a_named_error_from_an_operation_travels_through_the_job_and_the_passwor
                                                                                                 tmp_path):
     # The real mok.request_enrollment on the fixture root: Secure Boot is off there, so it refuses with its
     # own named error before touching anything (and it never writes EFI variables under --root).
-    if not (REPO / "daemon/spark_memsaver/act/mok.py").exists():
-        pytest.skip("mok.py is not in this checkout yet")
     daemon.wait_idle()
     mon = Monitor(bus, tmp_path)
     secret = "Sup3r-s3cret-MOK-pw"
@@ -337,8 +332,7 @@ def test_unprivileged_caller_reads_but_every_mutation_is_refused(daemon, bus):
 @pytest.fixture
 def polkit(bus, tmp_path):
     """python-dbusmock's polkitd template owning org.freedesktop.PolicyKit1 on the private bus."""
-    if subprocess.run(["/usr/bin/python3", "-c", "import dbusmock"], capture_output=True).returncode:
-        pytest.skip("python3-dbusmock is not installed (tools/deps/dbus.txt)")
+    needs.require_modules("dbusmock", interpreter="/usr/bin/python3", remedy="python3-dbusmock, tools/deps/dbus.txt")
     log = open(tmp_path / "polkitd-mock.log", "w")
     p = subprocess.Popen(["/usr/bin/python3", "-m", "dbusmock", "--system", "--template", "polkitd"],
                          env=bus.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -596,7 +590,7 @@ def test_module_uevents_come_from_kernel_netlink_and_other_subsystems_are_filter
     try:
         lo.write_text("change")
     except OSError as e:
-        pytest.skip(f"cannot write {lo}: {e.strerror} (read-only sysfs)")
+        needs.not_applicable(f"cannot write {lo}: {e.strerror} (read-only sysfs: a container)")
     time.sleep(0.5)
     assert "uevent: change" not in daemon.text()
     assert daemon.proc.poll() is None

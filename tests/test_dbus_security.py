@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 from tests.support.privatebus import REPO, PrivateSystemBus, stop_process
 from tests.test_dbus import NOBODY, Daemon, _need, busctl, dbus_error, gdbus_call, job_id
 from spark_memsaver.service import auth, checks, names, redact
@@ -29,8 +29,7 @@ pytestmark = pytest.mark.dbus
 @pytest.fixture(scope="module")
 def bus():
     _need("dbus-daemon", "busctl", "gdbus", "setpriv")
-    if os.geteuid() != 0:
-        pytest.skip("the bus tests run the daemon as root and a caller as uid 65534 (run as root, as CI does)")
+    needs.root("the bus tests run the daemon as root and a caller as uid 65534 (run as root, as CI does)")
     d = Path(tempfile.mkdtemp(prefix="spark-memsaver-bus."))
     b = PrivateSystemBus(d).start()
     yield b
@@ -59,8 +58,7 @@ def daemon(bus, spark, tmp_path_factory):
 
 
 def _mock_polkit(bus, tmp_path, hang_s: float | None):
-    if subprocess.run(["/usr/bin/python3", "-c", "import dbusmock"], capture_output=True).returncode:
-        pytest.skip("python3-dbusmock is not installed (tools/deps/dbus.txt)")
+    needs.require_modules("dbusmock", interpreter="/usr/bin/python3", remedy="python3-dbusmock, tools/deps/dbus.txt")
     log = open(tmp_path / "polkitd-mock.log", "w")
     p = subprocess.Popen(["/usr/bin/python3", "-m", "dbusmock", "--system", "--template", "polkitd"],
                          env=bus.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

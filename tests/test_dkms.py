@@ -28,7 +28,7 @@ from spark_memsaver.act import patch as uvm_patch
 from spark_memsaver.config import Config
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import Host
-from tests.support import nvsrc, stockdriver
+from tests.support import needs, nvsrc, stockdriver
 
 pytestmark = pytest.mark.dkms
 
@@ -63,10 +63,8 @@ def nothing_of_ours(kernel, stock):
 
 @pytest.fixture(scope="module")
 def host_env():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: runs the real dkms and installs modules on this host")
-    if not shutil.which("dkms"):
-        pytest.skip("dkms is not installed (tools/test installs tools/deps/dkms.txt)")
+    needs.root("runs the real dkms and installs modules on this host")
+    needs.require("dkms", remedy="tools/deps/dkms.txt")
     kernel, _ = nvsrc.x86_headers()
     host = Host("/")
     # Leftovers of an interrupted earlier run would make every assertion below meaningless.

@@ -25,7 +25,7 @@ from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide.status import evaluate
 from spark_memsaver.errors import UsageError
 from spark_memsaver.host import Host, intents
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 
 REPO = Path(__file__).resolve().parent.parent
 K = sparkroot.SPARK_KERNEL
@@ -146,8 +146,7 @@ def test_apt_door_and_install_serialize_on_the_one_lock(tmp_path, spark):
 
 @pytest.fixture
 def full_state(spark):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    needs.root("mounting a tmpfs needs root")
     state = spark / "var/lib/spark-memsaver"
     state.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=64", "tmpfs", str(state)], check=True)
@@ -216,15 +215,13 @@ def test_config_change_is_a_finding_with_the_exact_command(spark):
 
 def test_config_change_rebuilds_with_auto_build(spark):
     import shutil
-    if not shutil.which("dkms"):
-        pytest.skip("dkms is not installed (tools/deps/dkms.txt)")
+    needs.require("dkms", remedy="tools/deps/dkms.txt")
     (spark / "usr/sbin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(shutil.which("dkms"), spark / "usr/sbin/dkms")          # the root has DKMS, as a node does
     _build_record(spark, tier="256", kernels="64k-only")
     doc = executor.perform("reconcile", Host(spark), Config(), dry_run=True, kernels=[K])
     st = [s for s in doc["steps"] if s.get("code") == "config-changed"]
-    if not doc["support"].get("580.142", {}).get("supported"):
-        pytest.skip("580.142 is not in this release's manifest")
+    assert doc["support"]["580.142"]["supported"], doc["support"]
     assert [s["action"] for s in st] == ["build-install"] and "rebuilding" in st[0]["reason"]
     f = [x for x in evaluate(executor.observe_for_plan(Host(spark)), Config()).findings
          if x.code == "config-changed"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 from tests.test_lifecycle import K, REPO, _tree, guard_log, inserted, p
 
 pytestmark = pytest.mark.lifecycle
@@ -31,8 +31,7 @@ def run(root: Path, *args, shell="dash", env=None, cwd=None, kernel=K):
              SPARK_MEMSAVER_GUARD_ROOT=str(root), SPARK_MEMSAVER_GUARD_DRYRUN="1",
              SPARK_MEMSAVER_GUARD_CONFIG=str(root / "etc/modprobe.d"))
     e.update(env or {})
-    if shutil.which(SHELLS[shell][0]) is None:
-        pytest.skip(f"{shell} is not installed (tools/deps/lifecycle.txt installs it)")
+    needs.require(SHELLS[shell][0], remedy="tools/deps/lifecycle.txt")
     return subprocess.run(SHELLS[shell] + [str(GUARD), *args], capture_output=True, text=True, env=e,
                           timeout=60, cwd=cwd or root)
 
@@ -228,7 +227,7 @@ def _busybox_static() -> Path:
                                timeout=300)
             debs = list(work.glob("busybox-static_*.deb"))
             if r.returncode != 0 or not debs:
-                pytest.skip(f"busybox-static cannot be downloaded here: {r.stderr.strip()[-300:]}")
+                needs.absent("busybox-static from Debian's archive", f"apt-get download failed: {r.stderr.strip()[-300:]}")
             subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(work / "root")], check=True)
             shutil.rmtree(dest, ignore_errors=True)
             (work / "root").rename(dest)

@@ -1,7 +1,6 @@
 """host/: locks (defect 1, 12), atomic_write (defect 5), runner process-group timeout (defect 11)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import pytest
 from spark_memsaver.errors import CommandTimedOut, LockTimeout
 from spark_memsaver.host import Host, fsutil, locks, paths
 from spark_memsaver.host.runner import Runner
+from tests.support import needs
 
 
 def test_lock_lives_in_run_dir_and_times_out_named(tmp_path):
@@ -39,8 +39,9 @@ def test_planted_symlink_is_not_followed_nor_truncated(tmp_path):
     assert victim.read_text() == "precious\n"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+@pytest.mark.needs("setpriv")
 def test_unprivileged_user_cannot_create_the_lock(tmp_path):
+    needs.root("switching to an unprivileged user needs root")
     h = Host(tmp_path)
     d = h.path(paths.RUN_DIR)
     with locks.hold(h, "lifecycle", timeout=1):

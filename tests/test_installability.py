@@ -23,7 +23,7 @@ from spark_memsaver import config as cfgmod
 from spark_memsaver.act import executor, installable
 from spark_memsaver.decide.installability import installability
 from spark_memsaver.host import Host
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 
 REPO = Path(__file__).resolve().parent.parent
 K = sparkroot.SPARK_KERNEL
@@ -31,7 +31,6 @@ DRV = sparkroot.DRIVER
 PKG = f"nvidia-kernel-source-{DRV.split('.')[0]}-open"
 UBU = f"{DRV}-0ubuntu0.24.04.1"
 GATE_PREFIX = "cannot install for kernel"        # act/installable.refusal: the refusal of a missing piece
-HAVE_APT = all(shutil.which(t) for t in ("apt-get", "apt-ftparchive", "dpkg-deb"))
 
 
 def cli(root: Path, *args, config: Path | None = None) -> tuple[int, dict, str]:
@@ -60,17 +59,15 @@ def _tree(root: Path, version: str = DRV) -> None:
 
 def _dkms(root: Path) -> None:
     """The root has DKMS, as a node with the package does (the planner reads /usr/sbin/dkms under the root)."""
-    exe = shutil.which("dkms")
-    if not exe:
-        pytest.skip("dkms is not installed (tools/deps/installability.txt)")
+    needs.require("dkms", remedy="tools/deps/installability.txt")
+    exe = needs.which("dkms")
     (root / "usr/sbin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(exe, root / "usr/sbin/dkms")
 
 
 def _apt(tmp: Path, root: Path, debs: list[tuple[str, str]]) -> None:
     """A real APT repository with these (deb version, tree version) source packages, known to the root's apt."""
-    if not HAVE_APT:
-        pytest.skip("needs apt, apt-utils (apt-ftparchive) and dpkg-deb (tools/deps/installability.txt)")
+    needs.require("apt-get", "apt-ftparchive", "dpkg-deb", remedy="tools/deps/installability.txt")
     from tests.test_sources import apt_root, index, make_deb
     repo = tmp / "repo"
     repo.mkdir()
@@ -316,8 +313,8 @@ def test_activate_when_the_running_kernel_is_not_installed(tmp_path):
 def test_unknown_kernel_for_a_user_on_the_live_system(cmd):
     """A non-root user on the live system (the path that asks spark-memsaverd, or is refused as not-permitted):
     an unknown kernel is the same unknown-kernel, exit 2, before anything is asked of the daemon or of root."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("switching to an unprivileged user needs root and setpriv (util-linux)")
+    needs.root("switching to an unprivileged user needs root")
+    needs.require("setpriv", remedy="util-linux")
     env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
     env.pop("SPARK_MEMSAVER_CONFIG", None)
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-m",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from spark_memsaver.decide import plan as rc
 from spark_memsaver.config import Config
 from spark_memsaver.decide.status import evaluate
 from spark_memsaver.host import Host
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 
 pytestmark = pytest.mark.lifecycle
 
@@ -259,7 +258,7 @@ def _unsafe(s):
 
 
 def test_property_no_plan_leaves_a_mismatch():
-    hyp = pytest.importorskip("hypothesis", reason="python3-hypothesis is in tools/deps/base.txt")
+    import hypothesis as hyp
     st = hyp.strategies
     versions = st.sampled_from(["550.163.01", "555.58.02", "555.58.99", "560.1.2", None])
 
@@ -636,8 +635,7 @@ def test_real_modprobe_runs_the_guard(tmp_path):
 
 @pytest.mark.parametrize("shell", ["dash", "bash", "busybox"])
 def test_guard_is_posix_sh(tmp_path, shell):
-    if shutil.which(shell) is None:
-        pytest.skip(f"{shell} is not installed (tools/deps/lifecycle.txt installs it)")
+    needs.require(shell, remedy="tools/deps/lifecycle.txt")
     argv = ["busybox", "sh"] if shell == "busybox" else [shell]
     root = _tree(tmp_path, nv="555.58.02", ours="550.163.01")
     e = dict(os.environ, SPARK_MEMSAVER_GUARD_KVER=K, SPARK_MEMSAVER_GUARD_MODDIR=str(root),

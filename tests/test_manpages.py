@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support import needs
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted((REPO / "docs").glob("*.8"))
@@ -19,11 +20,10 @@ ENV = dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80", MAN_KEEP_FORMATTING="", 
 
 
 def _need(tool: str, pkg: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.skip(f"{tool} is not installed (apt-get install {pkg}; tools/deps/ops.txt)")
+    needs.require(tool, remedy=f"apt-get install {pkg}; tools/deps/ops.txt")
+    path = needs.which(tool)
     if b"has been minimized" in Path(path).read_bytes()[:4096]:   # Ubuntu's minimized image: man is a stub
-        pytest.skip(f"{path} is the 'unminimize' stub of a minimized Ubuntu, not {pkg}'s {tool}")
+        needs.absent(f"{pkg}'s {tool}", f"{path} is the 'unminimize' stub of a minimized Ubuntu")
     return path
 
 

@@ -7,7 +7,6 @@ real modinfo. The .ko.zst cases use the real zstd.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -16,7 +15,7 @@ from spark_memsaver.act import dkms, steps
 from spark_memsaver.host import Host
 from spark_memsaver.observe import modules
 from spark_memsaver.observe import snapshot as observe
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 
 K = sparkroot.SPARK_KERNEL
 STOCK = f"/lib/modules/{K}/kernel/nvidia-580-open/nvidia-uvm.ko"
@@ -85,8 +84,7 @@ def test_not_found_is_none_not_unreadable(tmp_path):
 def test_ubuntu_search_order_and_zst(tmp_path):
     """Ubuntu's /etc/depmod.d/ubuntu.conf ('search updates ubuntu built-in'): a module in ubuntu/ wins over
     kernel/ (built-in); updates/ wins over both. Modules compressed with zstd (.ko.zst) are read."""
-    if not shutil.which("zstd"):
-        pytest.skip("zstd not installed (tools/deps/modules-reader.txt)")
+    needs.require("zstd", remedy="tools/deps/modules-reader.txt")
     root = sparkroot.make_spark_root(tmp_path / "r")
     sparkroot.write(root, "/etc/depmod.d/ubuntu.conf", "search updates ubuntu built-in\n")
     ub = root / f"lib/modules/{K}/ubuntu/nvidia-uvm.ko"
@@ -119,8 +117,7 @@ def _corrupt_zst_selected(tmp_path):
 
 
 def test_unreadable_is_never_stock(tmp_path):
-    if not shutil.which("zstd"):
-        pytest.skip("zstd not installed")
+    needs.require("zstd", remedy="tools/deps/modules-reader.txt")
     root = _corrupt_zst_selected(tmp_path)
     s = modules.selection(Host(root), K)
     assert s["state"] == "unreadable" and s["error"], s
@@ -134,8 +131,7 @@ def test_unreadable_is_never_stock(tmp_path):
 def test_observe_verify_and_lifecycle_agree(tmp_path, case):
     """observe, the install verification and the lifecycle's check give the same answer on one fixture."""
     if case == "unreadable":
-        if not shutil.which("zstd"):
-            pytest.skip("zstd not installed")
+        needs.require("zstd", remedy="tools/deps/modules-reader.txt")
         root = _corrupt_zst_selected(tmp_path)
     else:
         root = sparkroot.make_spark_root(tmp_path / "r", ours_installed={"stock": None, "ours": "580.142",

@@ -451,7 +451,7 @@ def test_real_mokutil_import_without_efi_is_a_named_error(certs, tmp_path):
     """Runs the real `mokutil --import --hash-file`; on this machine it has no EFI to write to."""
     _mokutil()
     if not NO_EFI:
-        pytest.skip("this machine has EFI firmware: a test must not queue a real MOK enrollment")
+        needs.not_applicable("this machine has EFI firmware: a test must not queue a real MOK enrollment")
     seen = {}
 
     class Spy(Runner):      # the real runner, recording what mokutil was given while it runs
@@ -503,7 +503,7 @@ def test_enroll_refusals_through_cli(roots, certs):
 
 def test_enroll_on_this_machine_without_efi():
     if not NO_EFI:
-        pytest.skip("this machine has EFI firmware")
+        needs.not_applicable("this machine has EFI firmware")
     r = _cli("mok", "enroll", "--password-stdin", input="secret\n")
     assert r.returncode == 1 and "error[mok-not-needed]" in r.stderr and "no EFI firmware" in r.stderr
 

@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import needs
+
 REPO = Path(__file__).resolve().parent.parent
 MON = REPO / "monitoring"
 ALERTS = MON / "alerts.yml"
@@ -59,7 +61,7 @@ METRICS = {
 def _tool(name: str, pkg: str) -> str:
     path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
     if path is None:
-        pytest.skip(f"{name} is not installed (apt-get install {pkg}; tools/deps/ops.txt)")
+        needs.absent(name, f"apt-get install {pkg}; tools/deps/ops.txt")
     return path
 
 

@@ -18,7 +18,7 @@ def test_page_size_from_thp_pmd(pmd, page):
 def test_live_thp_pmd_agrees_with_sysconf():
     p = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
     if not os.path.exists(p):
-        pytest.skip("kernel without THP")
+        needs.not_applicable("kernel without THP")
     assert observe.page_size_from_pmd(int(open(p).read())) == os.sysconf("SC_PAGE_SIZE")
 
 

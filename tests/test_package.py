@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import time
@@ -40,8 +39,7 @@ DKMS_DEPENDS = "dkms (>= 3.0.10-8)"
 
 
 def _need_root():
-    if os.geteuid() != 0:
-        pytest.skip("building and installing the package needs root (run through tools/test as root)")
+    needs.root("building and installing the package needs root (run through tools/test as root)")
 
 
 def _tail(text: str, n: int = 30) -> str:
@@ -184,8 +182,7 @@ def test_bash_completion_is_clicks(deb, tmp_path):
 
 
 def test_lintian_no_errors(deb):
-    if subprocess.run(["sh", "-c", "command -v lintian"], capture_output=True).returncode != 0:
-        pytest.skip("lintian is not installed (tools/deps/package.txt lists it; tools/test installs it)")
+    needs.require("lintian", remedy="tools/deps/package.txt")
     r = subprocess.run(["lintian", "--pedantic", "--display-info", str(deb)], capture_output=True, text=True,
                        timeout=600)
     out = r.stdout + r.stderr
@@ -218,9 +215,7 @@ def suite(request) -> str:
 
 @contextlib.contextmanager
 def _container(suite: str = "bookworm", **kw):
-    reason = nspawn.available()
-    if reason:
-        pytest.skip(reason)
+    needs.containers()
     with nspawn.Container(suite=suite, extra=suites.extra(suite), kernels=nspawn.kernel_headers(), **kw) as c:
         yield c
 
@@ -263,7 +258,7 @@ def _modinfo(c, field, path) -> str:
 def test_install_build_remove_purge_in_container(deb, driver_deb, suite):
     kernels = nspawn.kernel_headers()
     if not kernels:
-        pytest.skip("no kernel headers on this machine (tools/deps installs linux-headers-amd64 through nvsrc)")
+        needs.absent("kernel headers", "tools/deps/base.txt installs linux-headers-amd64")
     kernel = driver_deb.parent.name if driver_deb.parent.name in kernels else kernels[0]
     timings = {}
     t0 = time.monotonic()

@@ -17,6 +17,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide import policy
 from spark_memsaver.host import Host
+from tests.support import needs
 
 K = "6.14.0-1015-nvidia-64k"
 ARM64_64K = "CONFIG_ARM64=y\nCONFIG_ARM64_64K_PAGES=y\nCONFIG_MODVERSIONS=y\n"
@@ -92,8 +93,7 @@ def _dkms_excludes(tmp_path, kpol, text, arch) -> bool:
 
 @pytest.mark.parametrize("kpol,text,page,arch,builds", CASES)
 def test_dkms_agrees_with_the_planner(tmp_path, kpol, text, page, arch, builds):
-    if not shutil.which("dkms"):
-        pytest.skip("dkms is not installed (tools/deps/dkms.txt)")
+    needs.require("dkms", remedy="tools/deps/dkms.txt")
     assert _dkms_excludes(tmp_path, kpol, text, arch) is (not builds)
 
 

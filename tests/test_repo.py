@@ -36,9 +36,7 @@ UNIT = "spark-memsaverd.service"
 
 
 def _need_containers():
-    reason = nspawn.available()
-    if reason:
-        pytest.skip(reason)
+    needs.containers()
 
 
 def _tail(text: str, n: int = 30) -> str:
@@ -155,8 +153,7 @@ def build_repo(outdir: Path, keydir: Path, *args, cwd: Path = REPO, timeout=1500
 
 @pytest.fixture(scope="module")
 def keydir(tmp_path_factory) -> Path:
-    if os.geteuid() != 0:
-        pytest.skip("building the package needs root")
+    needs.root("building the package needs root")
     needs.require("reprepro", "gpg", "dpkg-buildpackage", "dh", remedy="tools/deps/ops.txt, tools/deps/package.txt")
     d = tmp_path_factory.mktemp("repo-key") / "gnupg"
     yield d

@@ -17,6 +17,7 @@ import pytest
 from spark_memsaver.act import signing
 from spark_memsaver.config import Config
 from spark_memsaver.host import Host
+from tests.support import needs
 
 pytestmark = pytest.mark.mok
 
@@ -136,8 +137,7 @@ def test_key_file_must_be_root_owned_0600_regular(tmp_path, pair, case):
     if case == "mode-0644":
         os.chmod(kp, 0o644)
     elif case == "not-root":
-        if os.geteuid() != 0:
-            pytest.skip("chown needs root")
+        needs.root("chown needs root")
         os.chown(kp, 1000, 1000)
     elif case == "symlink":
         real = kp.with_name("real.key")

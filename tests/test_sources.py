@@ -22,13 +22,13 @@ from spark_memsaver import config as cfg
 from spark_memsaver.decide import sources as dsrc
 from spark_memsaver.errors import (ConfigError, SourceChecksumMismatch, SourceFetchDisabled, SourceNotInLists)
 from spark_memsaver.host import Host, paths
+from tests.support import needs
 
 V = "580.178.04"
 UBU = "580.178.04-0ubuntu0.24.04.1"
 PKG = "nvidia-kernel-source-580-open"
 
-needs_apt = pytest.mark.skipif(not all(shutil.which(t) for t in ("apt-get", "apt-ftparchive", "dpkg-deb")),
-                               reason="needs apt, apt-utils (apt-ftparchive) and dpkg-deb (tools/deps/sources.txt)")
+needs_apt = pytest.mark.needs("apt-get", "apt-ftparchive", "dpkg-deb")   # tools/deps/sources.txt
 
 
 # --- pure -------------------------------------------------------------------------------------------
@@ -427,12 +427,7 @@ def test_prune_installed_from_a_snapshot(tmp_path, repo):
 
 # --- the daemon runs a deferred fetch once apt has exited (service/daemon.py, service/monitor.py) ------------
 
-def _has_gi() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("gi") is not None
-
-
-needs_gi = pytest.mark.skipif(not _has_gi(), reason="needs python3-gi (the daemon's main loop)")
+needs_gi = pytest.mark.needs_modules("gi")   # python3-gi: the daemon's main loop
 
 
 @needs_gi
@@ -505,7 +500,7 @@ def _cli(*args):
 
 
 @needs_apt
-@pytest.mark.skipif(not shutil.which("depmod") or not shutil.which("gcc"), reason="the Spark root needs kmod, gcc")
+@pytest.mark.needs("depmod", "gcc")   # the Spark root
 def test_status_spark_root_without_source_then_fetched(tmp_path):
     import jsonschema
     from tests.support import sparkroot
@@ -581,13 +576,10 @@ def test_real_debian_nvidia_package_fetched_into_a_buildable_tree(tmp_path):
     from spark_memsaver.act import patch as uvm_patch, source_fetch
     from spark_memsaver.act.dkms_run import find_driver_source
     v = "550.163.01"
-    try:
-        nvsrc.nvidia_source(v)
-    except nvsrc.SourceUnavailable as e:
-        pytest.skip(f"Debian's NVIDIA {v} package cannot be fetched here: {e}")
+    nvsrc.nvidia_source(v)
     debs = sorted((nvsrc.cache_dir() / "debs").glob(f"nvidia-open-kernel-dkms_{v}-*_*.deb"))
     if not debs:
-        pytest.skip(f"nvsrc's cache holds no nvidia-open-kernel-dkms_{v} .deb")
+        needs.absent(f"nvidia-open-kernel-dkms_{v} .deb in nvsrc's cache", "nvsrc downloads it with the tree")
     r = tmp_path / "repo"
     r.mkdir()
     os.chmod(tmp_path, 0o755)

@@ -53,10 +53,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import needs
+
 OPT_IN_ENV = "SPARK_MEMSAVER_TEST_UBUNTU_E2E"   # opt-in: the run is longer than its CI share
 pytestmark = [pytest.mark.lifecycle, pytest.mark.slow,
-              pytest.mark.skipif(not os.environ.get(OPT_IN_ENV),
-                                 reason="the Ubuntu-shaped node end to end takes 20-26 min (three nvidia-uvm builds "
+              needs.opt_in(OPT_IN_ENV, "the Ubuntu-shaped node end to end takes 20-26 min (three nvidia-uvm builds "
                                         "and a stock build on 2 cores), beyond its share of CI's 75 minutes: run it "
                                         f"with {OPT_IN_ENV}=1 (results: tests/FAULTS.md ub1-ub5)")]
 
@@ -79,10 +80,7 @@ def _support():
 @pytest.fixture(scope="module")
 def kernels():
     _, _, nvsrc, _ = _support()
-    try:
-        k2 = nvsrc.x86_headers()[0]
-    except nvsrc.SourceUnavailable as e:
-        pytest.skip(f"kernel headers unavailable: {e}")
+    k2 = nvsrc.x86_headers()[0]
     m = re.match(r"^(\d+\.\d+\.\d+)-(\d+)-(.+)$", k2)
     k1 = f"{m.group(1)}-{int(m.group(2)) - 1}-{m.group(3)}"
     nvsrc._ensure_packages([f"linux-headers-{k1}"])        # for the stock build of K1's modules (host)
@@ -296,9 +294,7 @@ def _suites():
 def node(request, kernels, pkgs, tmp_path_factory):
     cache, nspawn, _, u = _support()
     suite = _suites().suite_param(request.param)        # trixie: slow, only when SPARK_MEMSAVER_TEST_SUITES asks
-    reason = nspawn.available()
-    if reason:
-        pytest.skip(f"systemd-nspawn containers cannot run here: {reason}")
+    needs.containers()
     k1, k2 = kernels
     tmp = tmp_path_factory.mktemp(f"ubuntu-{suite}")
     ours_deb = _our_deb(tmp)
@@ -431,9 +427,9 @@ def test_6_before_the_fix_same_transaction_with_old_code(node, tmp_path):
     """The "before" of issue 16, same machine, same run: spark-memsaver at d0feb3e on a fresh node of the same
     shape (the source package installed: that code cannot fetch it), K1 built, then the transaction of test 3."""
     if node.suite != "bookworm":
-        pytest.skip("the before/after figure is taken once, on bookworm")
+        needs.beyond_ci("the before/after figure", "taken once, on bookworm")
     if not os.environ.get(BEFORE_ENV):
-        pytest.skip(f"a measurement (two more nvidia-uvm builds, ~12 min): run it with {BEFORE_ENV}=1")
+        needs.beyond_ci("a measurement", f"two more nvidia-uvm builds, ~12 min: run it with {BEFORE_ENV}=1")
     _, _, _, u = _support()
     k1, k2 = node.k1, node.k2
     old = _old_deb(tmp_path)

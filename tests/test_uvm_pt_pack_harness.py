@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import needs
+
 REPO = Path(__file__).resolve().parent.parent
 HARNESS = REPO / "tests" / "harness"
 BUILD = HARNESS / "build"
@@ -136,9 +138,7 @@ def test_tsan_stress_catches_missing_pool_lock():
 
 
 def test_libfuzzer_short_run(tmp_path):
-    if shutil.which("clang") is None:
-        pytest.skip("clang not installed (apt-get install clang libclang-rt-14-dev); "
-                    "the deterministic random-op driver above still runs")
+    needs.require("clang", remedy="apt-get install clang libclang-rt-14-dev; tools/deps/harness.txt")
     _make("build/fuzz-16/pt_fuzz")
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -10,10 +10,11 @@ import pytest
 
 from spark_memsaver.host import paths
 from spark_memsaver.validate import command as V
+from tests.support import needs
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="RUN_DIR is root-only")
 def test_validate_lock_lives_in_run_dir():
+    needs.root("RUN_DIR is root-only")
     old = "/run/lock/spark-memsaver-validate.lock"
     had_old = os.path.exists(old)
     with V._single_run():

@@ -90,6 +90,18 @@ def root(why: str) -> None:
         absent("root", why)
 
 
+def containers() -> None:
+    """systemd-nspawn containers (tests/support/nspawn.py): root, systemd-nspawn, debootstrap and nsenter."""
+    root("systemd-nspawn containers need root")
+    require("systemd-nspawn", "debootstrap", "nsenter",
+            remedy="apt-get install systemd-container debootstrap util-linux; tools/deps/package.txt")
+
+
+def opt_in(env: str, why: str):
+    """A mark: the test runs only where ``$env`` is set (a run longer than its CI share; ``why`` says so)."""
+    return pytest.mark.skipif(not os.environ.get(env), reason=why if env in why else f"{why}: run it with {env}=1")
+
+
 def require(*tools: str, remedy: str = "tools/test installs tools/deps/*.txt") -> None:
     gone = missing_tools(*tools)
     if gone:

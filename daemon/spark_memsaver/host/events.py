@@ -73,7 +73,7 @@ def record(host, op: str, args: dict | None = None, result: dict | None = None,
     if op not in KINDS:
         raise ValueError(f"unknown event kind {op!r}")
     line = (json.dumps(event_of(op, args, result, error), sort_keys=True, default=str) + "\n").encode()
-    p = str(host.path(EVENTS))
+    p = str(host.path(EVENTS, follow=False))   # the log itself is never followed: O_NOFOLLOW below
     try:
         os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
         fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

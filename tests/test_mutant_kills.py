@@ -1,0 +1,132 @@
+"""Decisions that no mutant may survive (issue 29 item 3): each test pins one behaviour that a mutation run
+found unguarded, through the public entry point, and says which mutant it kills.
+
+The libcuda stand-in is a C library built here with gcc: it stands in for NVIDIA's libcuda.so.1 (no GPU on
+CI) only to see the exact integer the binding passes for a size; the real library is driven by
+tests/test_gpu.py (-m gpu) on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.decide import apt
+from spark_memsaver.decide import hazards as hz
+from spark_memsaver.host import Host, events
+from spark_memsaver.validate import cuda
+from tests.support import needs
+
+REPO = Path(__file__).resolve().parent.parent
+K = "6.8.0-50-generic"
+GIB = 1 << 30
+
+
+def _snap(version="550.163.01"):
+    return {"kernels": [{"release": K, "uvm_selected": {"patched": True, "version": f"{version}-spark1"},
+                         "nvidia_selected": {"path": f"/lib/modules/{K}/kernel/nvidia-550-open/nvidia.ko"}}]}
+
+
+# --- the APT door ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("readable,removed", [(False, True), (True, False)])
+def test_unreadable_meta_package_removes_the_override_fail_safe(readable, removed):
+    """A meta package (linux-modules-nvidia-550-generic) whose .deb could not be read may carry anything: the
+    override is removed. Read, it carries no module: nothing happens. (Kills: unreadable meta = no effect.)"""
+    change = {"name": "linux-modules-nvidia-550-generic", "action": "Install", "old": "1", "new": "2",
+              "facts": {"readable": readable}}
+    steps = apt.assess(_snap(), [change])["steps"]
+    assert [(s.action, s.kernel) for s in steps] == ([("remove-override", K)] if removed else [])
+
+
+def test_mixed_target_drivers_in_one_transaction_remove_the_override():
+    """Two packages for the kernel, one keeping 550.163.01 and one bringing 550.163.02: the override (built for
+    550.163.01) must go. (Kills: ``tos == {built_for}`` -> ``built_for in tos``.)"""
+    def pkg(name, drv):
+        return {"name": f"{name}-550-{K}", "action": "Install", "old": "1", "new": "2",
+                "facts": {"readable": True, "modules": {K: ["nvidia.ko"]}, "nvidia_ko": {K: drv}}}
+    same = apt.assess(_snap(), [pkg("linux-modules-nvidia", "550.163.01")])
+    assert same["steps"] == [] and [n["kind"] for n in same["notes"]] == ["kept"]
+    mixed = apt.assess(_snap(), [pkg("linux-modules-nvidia", "550.163.01"), pkg("linux-objects-nvidia", "550.163.02")])
+    assert [(s.action, s.kernel, s.driver_from) for s in mixed["steps"]] == [("remove-override", K, "550.163.01")]
+
+
+# --- hazards -----------------------------------------------------------------------------------------------
+
+def test_hazard_range_upper_bound_is_exclusive():
+    """A fix released in 595.45.04 (affected_below) means 595.45.04 itself is not affected by version; the
+    version just below is. (Kills: ``v < affected_below`` -> ``v <= affected_below``.)"""
+    (h,) = [h for h in hz.load_hazards((REPO / "uvm_patch/hazards.yaml").read_text()) if h.reference.endswith("#1269")]
+    h = dataclasses.replace(h, affected_below=(595, 45, 4))
+    kw = dict(arch="aarch64", page_size=65536, nv_linux_h_text=None)
+    assert hz.assess(h, driver_version="595.45.04", **kw).state == hz.NOT_AFFECTED
+    assert hz.assess(h, driver_version="595.45.3", **kw).state == hz.AFFECTED
+    assert hz.assess(h, driver_version="590.44.01", **kw).state == hz.AFFECTED
+
+
+# --- the event log -----------------------------------------------------------------------------------------
+
+def test_event_log_never_writes_through_a_symlink(tmp_path):
+    """/var/lib/spark-memsaver/events.jsonl planted as a symlink to another file of the root: record() refuses
+    (O_NOFOLLOW on the log's own path, also under a root prefix) and the target is untouched. (Kills: dropping
+    O_NOFOLLOW; found with it: under a prefix the link was resolved before the open and written through.)"""
+    host = Host(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    p = host.path(events.EVENTS)
+    p.parent.mkdir(parents=True)
+    os.symlink("../../../victim", p)
+    assert events.record(host, "build", {"kernel": K}, {"ok": True}) is False
+    assert victim.read_text() == "precious\n" and p.is_symlink()
+    p.unlink()
+    assert events.record(host, "build", {"kernel": K}, {"ok": True}) is True and "build" in p.read_text()
+
+
+# --- the CUDA binding's size arguments ---------------------------------------------------------------------
+
+STANDIN = r"""
+#include <stddef.h>
+#include <string.h>
+unsigned long long last_size, last_ptr;
+#define OK(name) int name() { return 0; }
+OK(cuInit) OK(cuDriverGetVersion) OK(cuDeviceGetCount) OK(cuDeviceGet) OK(cuDeviceGetName)
+OK(cuDeviceGetAttribute) OK(cuDeviceTotalMem_v2) OK(cuDeviceGetPCIBusId) OK(cuDeviceGetUuid_v2)
+OK(cuDevicePrimaryCtxRetain) OK(cuDevicePrimaryCtxRelease_v2) OK(cuCtxSetCurrent) OK(cuCtxSynchronize)
+OK(cuMemGetInfo_v2) OK(cuMemFree_v2) OK(cuMemsetD32_v2) OK(cuStreamCreate) OK(cuStreamDestroy_v2)
+OK(cuStreamSynchronize)
+int cuMemAlloc_v2(unsigned long long *p, size_t n) { last_size = n; *p = 0x10000; return 0; }
+int cuMemAllocManaged(unsigned long long *p, size_t n, unsigned f) { last_size = n; *p = 0x20000; return 0; }
+int cuMemsetD8_v2(unsigned long long d, unsigned char v, size_t n) { last_ptr = d; last_size = n; return 0; }
+int cuMemcpyHtoD_v2(unsigned long long d, const void *s, size_t n) { last_ptr = d; last_size = n; return 0; }
+int cuMemcpyDtoH_v2(void *d, unsigned long long s, size_t n) { last_ptr = s; last_size = n; return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> Path:
+    needs.require("gcc", remedy="tools/deps/base.txt (build-essential)")
+    d = tmp_path_factory.mktemp("libcuda")
+    (d / "standin.c").write_text(STANDIN)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(d / "standin.c")], check=True)
+    return d / "libcuda.so.1"
+
+
+@pytest.mark.parametrize("size", [5 * GIB + 3, 4 * GIB, (1 << 40) + 4096])
+def test_sizes_of_4_gib_and_more_reach_the_driver_whole(standin, size):
+    """Every size-taking entry point passes a 64-bit size: 5 GiB + 3 arrives as 5 GiB + 3, not truncated to
+    32 bits (exactly what the 4 GiB-crossing checks of validate probe). (Kills: c_size_t -> c_uint.)"""
+    c = cuda.Cuda(str(standin))
+    last = ctypes.c_ulonglong.in_dll(c.lib, "last_size")
+    last_ptr = ctypes.c_ulonglong.in_dll(c.lib, "last_ptr")
+    assert c.alloc(size) == 0x10000 and last.value == size
+    assert c.alloc_managed(size) == 0x20000 and last.value == size
+    for call in (lambda: c.memset_d8(5 * GIB, 0, size), lambda: c.htod(5 * GIB, 0, size),
+                 lambda: c.dtoh(0, 5 * GIB, size)):
+        last.value = last_ptr.value = 0
+        call()
+        assert (last.value, last_ptr.value) == (size, 5 * GIB)
