@@ -57,10 +57,10 @@ def bus():
 
 
 class Daemon:
-    def __init__(self, bus, root: Path, log: Path, *args, env=None):
+    def __init__(self, bus, root: Path, log: Path, *args, env=None, prefix=()):
         self.bus, self.root, self.log = bus, root, log
         self.proc = start_daemon(bus, "--debug", "--no-reconcile", "--root", str(root), *args,
-                                 log_path=log, env=env)
+                                 log_path=log, env=env, prefix=prefix)
         try:
             self.name_after = bus.wait_for_name(names.BUS_NAME, timeout=20, proc=self.proc)
             self.wait(lambda: self.prop("State") != "starting", "the first status")
@@ -423,15 +423,18 @@ def slow_daemon(bus, daemon, spark, tmp_path):
     """A second daemon whose modinfo can be made to take 3 s per call (while ``d.slow`` exists), standing in
     for a node with many kernels and a slow disk: a status refresh then lasts ~6 s, long enough to overlap
     a second request even on a loaded machine. (The module daemon is stopped for the duration and restarted
-    afterwards.)"""
+    afterwards.) Root runs the system's tools first whatever PATH says (host/runner.py), so the wrapper is
+    put in /usr/local/sbin, the first system directory, on a tmpfs in the daemon's own mount namespace."""
     daemon.stop()
     real = shutil.which("modinfo") or "/sbin/modinfo"
-    wrap = tmp_path / "bin"
-    wrap.mkdir()
+    wrap = tmp_path / "modinfo"
     slow = tmp_path / "slow"
-    (wrap / "modinfo").write_text(f"#!/bin/sh\n[ -e {slow} ] && sleep 3\nexec {real} \"$@\"\n")
-    os.chmod(wrap / "modinfo", 0o755)
-    d = Daemon(bus, spark, tmp_path / "slow.log", env={"PATH": f"{wrap}:{os.environ.get('PATH', '')}"})
+    wrap.write_text(f"#!/bin/sh\n[ -e {slow} ] && sleep 3\nexec {real} \"$@\"\n")
+    os.chmod(wrap, 0o755)
+    ns = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
+          'mount -t tmpfs -o mode=0755 spark-test /usr/local/sbin && cp "$0" /usr/local/sbin/modinfo && exec "$@"',
+          str(wrap))
+    d = Daemon(bus, spark, tmp_path / "slow.log", prefix=ns)
     d.slow = slow
     slow.touch()
     yield d

@@ -118,14 +118,15 @@ class PrivateSystemBus:
 
 
 def start_daemon(bus: PrivateSystemBus, *args: str, log_path: Path | None = None,
-                 env: dict | None = None) -> subprocess.Popen:
-    """spark-memsaverd from the checkout, on ``bus``, with /usr/bin/python3 (as in production)."""
+                 env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """spark-memsaverd from the checkout, on ``bus``, with /usr/bin/python3 (as in production). ``prefix``:
+    argv that execs the rest (e.g. ``unshare --mount ... sh -c '...; exec "$@"'``)."""
     e = bus.env(PYTHONPATH=str(REPO / "daemon"), PYTHONDONTWRITEBYTECODE="1")
     e.pop("JOURNAL_STREAM", None)
     if env:
         e.update(env)
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    return subprocess.Popen(["/usr/bin/python3", "-m", "spark_memsaver.service.daemon", *args], env=e,
+    return subprocess.Popen([*prefix, "/usr/bin/python3", "-m", "spark_memsaver.service.daemon", *args], env=e,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

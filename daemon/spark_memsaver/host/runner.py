@@ -18,12 +18,31 @@ log = logging.getLogger("spark_memsaver.run")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def search_path(env_path: str | None = None, root: bool | None = None) -> str:
+    """The PATH commands are looked up in and run with: the caller's absolute entries and SYSTEM_PATH.
+
+    Empty and relative entries are dropped: an empty one (``PATH`` unset gave ``":" + SYSTEM_PATH``) or ``.``
+    means the current directory, so a root run from a user-writable directory (a cron job, a hook, ``env -i``)
+    would execute that user's ``dpkg-deb`` or ``modinfo``. For root the system directories come first."""
+    env_path = os.environ.get("PATH", "") if env_path is None else env_path
+    root = (os.geteuid() == 0) if root is None else root
+    own = [d for d in env_path.split(os.pathsep) if d.startswith("/")]
+    system = SYSTEM_PATH.split(os.pathsep)
+    out: list[str] = []
+    for d in (system + own) if root else (own + system):
+        if d not in out:
+            out.append(d)
+    return os.pathsep.join(out)
+
+
 def _which(name: str, path: str | None) -> str | None:
     """shutil.which for an executable name (shutil itself pulls bz2/lzma into the idle daemon)."""
     if "/" in name:
         return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for d in (path if path is not None else os.environ.get("PATH", os.defpath)).split(os.pathsep):
-        cand = os.path.join(d or ".", name)
+    for d in (path if path is not None else search_path()).split(os.pathsep):
+        if not d.startswith("/"):
+            continue                # never the current directory, whatever PATH says
+        cand = os.path.join(d, name)
         if os.access(cand, os.X_OK) and not os.path.isdir(cand):
             return cand
     return None
@@ -64,8 +83,7 @@ class Runner:
         self.env = env
 
     def which(self, name: str) -> str | None:
-        path = os.environ.get("PATH", "") + ":" + SYSTEM_PATH
-        return _which(name, path)
+        return _which(name, search_path())
 
     def run(self, argv: list[str], *, timeout: float = 60.0, input: str | bytes | None = None,
             check: bool = False, env: dict[str, str] | None = None, cwd: str | None = None,
@@ -78,11 +96,11 @@ class Runner:
             raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
         full_env = dict(os.environ)
         full_env.setdefault("LC_ALL", "C.UTF-8")
-        full_env["PATH"] = full_env.get("PATH", "") + ":" + SYSTEM_PATH
         if self.env:
             full_env.update(self.env)
         if env:
             full_env.update(env)
+        full_env["PATH"] = search_path(full_env.get("PATH", ""))
         t0 = time.monotonic()
         try:
             p = _run_group([exe] + argv[1:], input, timeout, full_env, cwd, text)
