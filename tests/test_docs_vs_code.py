@@ -1,0 +1,163 @@
+"""The documents say what the code does. Each check reads a fact out of README.md, spark-memsaver(8) or
+docs/dbus-api.md and compares it with the code that decides it: config defaults (config.Config), the schema
+number (report/document.py), the schema file's path, the Prometheus file name (service/monitor.py), which
+commands take --json and which options each command has (click's own command tree), the exit-code tables
+(exitcodes.py); and the generated sections are current (tools/gen-docs --check)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver import config_keys, exitcodes
+from spark_memsaver.config import Config
+from spark_memsaver.report.document import SCHEMA_VERSION
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+MAN = (REPO / "docs/spark-memsaver.8").read_text()
+DBUS = (REPO / "docs/dbus-api.md").read_text()
+sys.path.insert(0, str(REPO / "tools"))
+
+
+def plain(roff: str) -> str:
+    """Roff source as words: escapes and font changes gone, quotes of macro arguments gone."""
+    t = re.sub(r"\\f(\[[^\]]*\]|\(..|.)", "", roff).replace("\\-", "-").replace("\\e", "\\")
+    return re.sub(r'^\.(B|I|BR|RB|BI|IB|IR|RI)\s+', "", t, flags=re.M).replace('"', "")
+
+
+def gen_docs():
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("gen_docs", str(REPO / "tools/gen-docs"))
+    spec = importlib.util.spec_from_loader("gen_docs", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def man_config_defaults() -> dict:
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\.BR (\S+) \" \(default \" (\S+) \)", plain_lines(MAN),
+                                                        re.M)}
+
+
+def plain_lines(roff: str) -> str:
+    return re.sub(r"\\f(\[[^\]]*\]|\(..|.)", "", roff).replace("\\-", "-")
+
+
+def readme_config_defaults() -> dict:
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_]+)`(?:, `[a-z_]+`)? \| `?([^`|]+?)`? \|",
+                                                        README, re.M)}
+
+
+def test_man_config_defaults_are_the_codes():
+    """e.g. the man page said tier's default is 4k (the code: leaf), and the config error points there."""
+    got = man_config_defaults()
+    want = {k["key"]: k["default"] for k in config_keys.keys()}
+    assert got == want
+
+
+def test_readme_config_defaults_are_the_codes():
+    """e.g. prometheus_textfile's default was written 'off' although the file is written by default."""
+    got = readme_config_defaults()
+    want = {k["key"]: k["default"] for k in config_keys.keys()}
+    assert got == want
+
+
+def test_config_error_points_at_a_section_that_exists():
+    from spark_memsaver.errors import ConfigError
+    assert "spark-memsaver(8), CONFIGURATION" in ConfigError.remedy and "\n.SH CONFIGURATION\n" in MAN
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/spark-memsaver.8", "docs/dbus-api.md"])
+def test_schema_number_is_the_documents(name):
+    text = {"README.md": README, "docs/spark-memsaver.8": plain(MAN), "docs/dbus-api.md": DBUS}[name]
+    # the current number; an older one only in its migration note ("schema 1 documents ... lack ...")
+    said = re.findall(r"\bschema:? `?(\d+)`?(?! documents)", text)
+    assert said, f"{name} does not say the schema version"
+    assert set(said) == {str(SCHEMA_VERSION)}, (name, said)
+
+
+def test_schema_migration_note():
+    assert re.search(r"schema 1 .*(hostname|machine_id|generated_at)", README.replace("\n", " "))
+
+
+def test_schema_file_named_in_the_readme_exists():
+    paths = re.findall(r"`(daemon/\S+\.json)`", README)
+    assert paths and all((REPO / p).is_file() for p in paths), paths
+
+
+def test_prometheus_file_name_is_the_daemons():
+    from spark_memsaver.service.monitor import DEFAULT_TEXTFILE
+    for name, text in (("README.md", README), ("docs/spark-memsaver.8", plain(MAN)),
+                       ("monitoring/README.md", (REPO / "monitoring/README.md").read_text())):
+        for prom in re.findall(r"[\w./-]+\.prom\b", text):
+            assert os.path.basename(prom) == os.path.basename(DEFAULT_TEXTFILE), (name, prom)
+
+
+def test_json_claim_is_the_command_trees():
+    """The man page said every command accepts --json; `metrics` does not."""
+    yes, no = gen_docs().json_commands()
+    assert len(yes) > 10
+    m = re.search(r"Every command(?: but ([^\n]+?))?\s+accepts\s+--json", plain(MAN))
+    assert m, "the man page does not say which commands take --json"
+    named = sorted(re.findall(r"[a-z]+(?: [a-z]+)?", m.group(1) or ""))
+    assert named == sorted(no), (named, no)
+
+
+def test_readme_sections_once():
+    heads = re.findall(r"^#{1,3} (.+)$", re.sub(r"```.*?```", "", README, flags=re.S), re.M)
+    assert len(heads) == len(set(heads)), [h for h in heads if heads.count(h) > 1]
+
+
+def test_exit_code_tables_are_exitcodes():
+    rows = re.findall(r"^\| (\d) \| (.+) \|$", README, re.M)
+    want = [(str(c), m) for c, m in exitcodes.TABLE] + [(str(c), m) for c, m in exitcodes.QUIET_TABLE]
+    assert rows == want
+    man = plain(MAN).split("EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    for c, m in list(exitcodes.TABLE) + list(exitcodes.QUIET_TABLE):
+        assert re.search(rf"^\.TP\n{c}\n", man, re.M), c
+        assert m.replace("`", "").split(" (")[0].lower() in man.replace("\n", " ").lower(), m
+
+
+def _tag_options(tag: str) -> set[str]:
+    return set(re.findall(r"(--[a-z][a-z-]*)", tag))
+
+
+def test_man_command_tags_name_each_commands_options():
+    """Each COMMANDS entry's synopsis names exactly the options the command has (click's tree)."""
+    text = plain_lines(MAN).split("\n.SH COMMANDS\n", 1)[1].split("\n.SH ", 1)[0]
+    tags = {}
+    for block in text.split("\n.TP\n")[1:]:
+        tag = block.split("\n", 1)[0]
+        tag = re.sub(r'^\.(B|BR|RB)\s+', "", tag).replace('"', "")
+        words = tag.split()
+        names = [" ".join(words[:2]), words[0]]
+        tags[tag] = names
+    by_path = dict(gen_docs().leaf_commands())
+    problems = []
+    for tag, names in tags.items():
+        if "|" in tag and " | " in tag and tag.count("mok") + tag.count("patch") > 1:
+            continue                     # 'mok status | mok enroll | mok cancel': a family line, no options
+        path = next((n for n in names if n in by_path), None)
+        if path is None:
+            problems.append(f"{tag!r}: no such command")
+            continue
+        have = {o for p in by_path[path].params if not getattr(p, "hidden", False) for o in p.opts
+                if o.startswith("--") and o != "--help"}
+        said = _tag_options(tag)
+        if said - have:
+            problems.append(f"{path}: the man page names {sorted(said - have)}, which it does not have")
+        if have - said:
+            problems.append(f"{path}: the man page omits {sorted(have - said)}")
+    assert problems == []
+
+
+def test_generated_sections_are_current():
+    p = subprocess.run([sys.executable, str(REPO / "tools/gen-docs"), "--check"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
