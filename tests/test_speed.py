@@ -93,3 +93,65 @@ def test_completion_offers_lazy_commands():
                        env=_env(_SPARK_MEMSAVER_COMPLETE="bash_complete", COMP_WORDS="spark-memsaver re",
                                 COMP_CWORD="1"), timeout=60)
     assert r.stdout.split() == ["plain,reconcile", "plain,remove"], r.stdout
+
+
+# --- YAML: libyaml's C parser, the pure-Python one as the fallback; comments-only texts without yaml -------
+
+def test_c_loader_reads_the_product_files_as_the_pure_python_loader_does():
+    import yaml
+    from spark_memsaver import yamlio
+
+    assert yamlio.loader() is yaml.CSafeLoader       # python3-yaml carries libyaml (tools/deps/base.txt)
+    for rel in ("uvm_patch/manifest.yaml", "uvm_patch/hazards.yaml", "systemd/config.yaml",
+                "tests/fixtures/config-full.yaml"):
+        p = REPO / rel
+        if not p.exists():
+            continue
+        text = p.read_text()
+        assert yamlio.safe_load(text) == yaml.load(text, Loader=yaml.SafeLoader), rel
+
+
+def test_pure_python_fallback_when_libyaml_is_absent(monkeypatch):
+    import yaml
+    from spark_memsaver import yamlio
+
+    monkeypatch.delattr(yaml, "CSafeLoader")
+    assert yamlio.loader() is yaml.SafeLoader
+    assert yamlio.safe_load("a: [1, 2]\n") == {"a": [1, 2]}
+
+
+def test_comments_only_text_is_empty_without_importing_yaml():
+    code = ("import sys; from spark_memsaver import config\n"
+            "c = config.parse(open(sys.argv[1]).read(), 'f')\n"
+            "print(c.source, 'yaml' in sys.modules)")
+    r = subprocess.run([PY, "-c", code, str(REPO / "systemd/config.yaml")], capture_output=True, text=True,
+                       env=_env(), timeout=60)
+    assert r.stdout.split() == ["f", "False"], r.stdout + r.stderr
+
+
+def test_empty_shortcut_agrees_with_both_parsers():
+    """Wherever the shortcut says 'empty document', both parsers say None; it never hides a key."""
+    import yaml
+    from hypothesis import given, settings, strategies as st
+    from spark_memsaver import yamlio
+
+    pieces = st.sampled_from([" ", "#", "\n", "\r", "\r\n", "\x85", "\u2028", "\u2029", "\t", "a", "a: 1", ":",
+                              "-", "- x", "\ufeff", "---", "# k: v"])
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(pieces, max_size=12).map("".join))
+    def check(text):
+        if yamlio._EMPTY.fullmatch(text):
+            for loader in (yaml.SafeLoader, yaml.CSafeLoader):
+                assert yaml.load(text, Loader=loader) is None, (text, loader)
+        elif "\ufeff" not in text:   # the parser decides; where both parse it, they agree (a byte-order
+            try:                         # mark inside a text: libyaml drops it, PyYAML keeps it as a scalar)
+                pure, c = yaml.load(text, Loader=yaml.SafeLoader), yamlio.safe_load(text)
+            except yaml.YAMLError:
+                return
+            assert pure == c, text
+
+    check()
+    assert yamlio.safe_load("# only\n  # comments\r\n\n") is None
+    assert yamlio.safe_load("# c\rinterval: 5\n") == {"interval": 5}      # \r ends a comment
+    assert yamlio.safe_load("# c\x85interval: 5\n") == {"interval": 5}    # so does NEL

@@ -65,11 +65,14 @@ _SCHEMA = {
 
 
 def parse(text: str, source: str) -> Config:
-    import yaml
+    from spark_memsaver import yamlio
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+        data = yamlio.safe_load(text)
+    except Exception as e:   # yaml.YAMLError: yaml is imported only when the file holds more than comments
+        import yaml
+        if not isinstance(e, yaml.YAMLError):
+            raise
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}")

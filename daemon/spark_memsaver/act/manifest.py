@@ -86,11 +86,12 @@ class Manifest:
 
 def load_manifest(root: Path | None = None) -> Manifest:
     import yaml
+    from spark_memsaver import yamlio
 
     root = Path(root) if root else patch_data_dir()
     path = root / "manifest.yaml"
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yamlio.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ManifestInvalid(f"cannot read {path}: {e}")
 

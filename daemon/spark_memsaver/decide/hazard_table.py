@@ -7,9 +7,8 @@ Pure: the caller passes the table's text (observe/snapshot.py reads the file). A
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-
-import yaml
 
 from spark_memsaver.decide.c_macros import ARM64_PAGE_SIZES
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
@@ -72,9 +71,18 @@ def _req(d: dict, key: str, where: str, kind=None):
 
 
 def load_hazards(text: str, source: str = "hazards.yaml") -> list[Hazard]:
-    """Parse and check the table's text; HazardsInvalid (named, with a remedy) on any defect."""
+    """Parse and check the table's text; HazardsInvalid (named, with a remedy) on any defect. Parsed once per
+    process for a given text (observe and decide both ask; the Hazards are frozen)."""
+    return list(_load_hazards(text, source))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_hazards(text: str, source: str) -> tuple[Hazard, ...]:
+    import yaml
+    from spark_memsaver import yamlio
+
     try:
-        doc = yaml.safe_load(text)
+        doc = yamlio.safe_load(text)
     except yaml.YAMLError as e:
         raise HazardsInvalid(f"{source}: not valid YAML ({e.__class__.__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -127,4 +135,4 @@ def load_hazards(text: str, source: str = "hazards.yaml") -> list[Hazard]:
             signature=Signature(kind, files, _req(sig, "macro", where + ".signature", str), align, ref_ps),
             effect=" ".join(_req(h, "effect", where, str).split()),
             remedies=tuple(" ".join(r.split()) for r in remedies)))
-    return out
+    return tuple(out)
