@@ -1,0 +1,96 @@
+"""The load-time guard when the kernel refuses our module (issue 23): never a node without nvidia-uvm.
+
+Real modprobe/modinfo/depmod against module trees built by tests/test_lifecycle.py's fixtures, under dash,
+bash and busybox sh. What stands in: **the kernel's refusal**. No module can be loaded on this machine, so the
+guard's dry run (SPARK_MEMSAVER_GUARD_DRYRUN=1) is told by SPARK_MEMSAVER_GUARD_DRYRUN_REFUSE to treat the
+load of ours as failed with the exact error text kmod's modprobe prints for that errno
+("modprobe: ERROR: could not insert 'nvidia_uvm': <text>"). The same path with a real kernel refusing a real
+module (module.sig_enforce=1 and an untrusted key; an unknown symbol) is tests/test_kernel_guard.py.
+
+SPARK_MEMSAVER_TEST_GUARD=PATH runs these against another copy of the guard (the previous one fails them:
+it exited with modprobe's failure and loaded nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.test_guard_failclosed import GUARD, SHELLS, run
+from tests.test_lifecycle import K, _tree, guard_log, inserted, p
+
+pytestmark = pytest.mark.lifecycle
+
+# kmod's text for each errno the kernel returns (libkmod mod_strerror / strerror), and the cause we log
+REFUSALS = {
+    "EKEYREJECTED": ("Key was rejected by service", "key-not-trusted"),
+    "ENOKEY": ("Required key not available", "key-not-trusted"),
+    "ENOENT (unknown symbol)": ("Unknown symbol in module, or unknown parameter (see dmesg)", "abi-mismatch"),
+    "EINVAL (symbol version)": ("Invalid argument", "abi-mismatch"),
+    "ENOEXEC": ("Invalid module format", "bad-format"),
+    "EPERM (lockdown)": ("Operation not permitted", "signature-required"),
+    "other": ("Cannot allocate memory", "other"),
+}
+
+
+def _refused(root, text, shell="dash", args=()):
+    return run(root, *args, shell=shell, env={"SPARK_MEMSAVER_GUARD_DRYRUN_REFUSE": text})
+
+
+@pytest.mark.parametrize("shell", sorted(SHELLS))
+@pytest.mark.parametrize("errno_name", sorted(REFUSALS))
+def test_ours_refused_loads_the_verified_stock(tmp_path, shell, errno_name):
+    text, cause = REFUSALS[errno_name]
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm="550.163.01", ours="550.163.01")
+    ours = p(root, "updates/dkms/nvidia-uvm.ko")
+    r = _refused(root, text, shell, ("uvm_perf_prefetch_enable=0",))
+    assert r.returncode == 0, r.stderr
+    assert inserted(r) == [p(root, "kernel/nvidia-open/nvidia-uvm.ko")], r.stdout + r.stderr
+    assert r.stdout.split()[-1] == "uvm_perf_prefetch_enable=0"       # the caller's options kept
+    log = guard_log(root)
+    assert f"ours-load-failed: the kernel refused our nvidia-uvm {ours}: {text} [{cause}]" in log, log
+    assert "loading the stock module" in log and "REFUSED" not in log
+    if cause in ("key-not-trusted", "signature-required"):
+        assert "'sudo spark-memsaver mok enroll'" in log
+    else:
+        assert "'sudo spark-memsaver reconcile'" in log
+
+
+def test_ours_refused_without_a_stock_refuses(tmp_path):
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm=None, ours="550.163.01")
+    r = _refused(root, "Key was rejected by service")
+    assert r.returncode == 1 and inserted(r) == [], r.stdout
+    log = guard_log(root)
+    assert "ours-load-failed" in log and "REFUSED" in log and "no verified stock nvidia-uvm" in log
+
+
+def test_ours_refused_never_takes_a_stock_of_another_driver(tmp_path):
+    # the stock module beside a driver other than the one loaded is not "verified stock"
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm="555.58.02", ours="550.163.01")
+    r = _refused(root, "Key was rejected by service")
+    assert r.returncode == 1 and inserted(r) == [], r.stdout
+
+
+def test_ours_accepted_is_loaded_and_nothing_is_logged(tmp_path):
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm="550.163.01", ours="550.163.01")
+    r = run(root)
+    assert r.returncode == 0 and inserted(r) == [p(root, "updates/dkms/nvidia-uvm.ko")], r.stdout + r.stderr
+    assert "ours-load-failed" not in guard_log(root)
+
+
+def test_real_modprobe_runs_the_rule_and_the_fallback(tmp_path):
+    # modprobe itself runs the install rule (not --dry-run); only the guard's final insert is a dry run
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm="550.163.01", ours="550.163.01")
+    conf = root / "etc/modprobe.d/spark-memsaver.conf"
+    assert str(GUARD) in conf.read_text() or "uvm-guard" in conf.read_text()
+    e = dict(os.environ, SPARK_MEMSAVER_GUARD_KVER=K, SPARK_MEMSAVER_GUARD_MODDIR=str(root),
+             SPARK_MEMSAVER_GUARD_ROOT=str(root), SPARK_MEMSAVER_GUARD_DRYRUN="1",
+             SPARK_MEMSAVER_GUARD_CONFIG=str(root / "etc/modprobe.d"),
+             SPARK_MEMSAVER_GUARD_DRYRUN_REFUSE="Required key not available")
+    r = subprocess.run(["modprobe", "-d", str(root), "-S", K, "-C", str(root / "etc/modprobe.d"), "nvidia-uvm"],
+                       capture_output=True, text=True, env=e, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert inserted(r) == [p(root, "kernel/nvidia-open/nvidia-uvm.ko")], r.stdout + r.stderr
+    assert "[key-not-trusted]" in guard_log(root)
