@@ -49,6 +49,25 @@ def _install_first(host: Host, config: Config, rel: str) -> str:
     return f"Installing is not possible yet ({first['detail']}): {first['remedy']}"
 
 
+def secure_boot_allows(sb: dict) -> None:
+    """Refuse (also a dry run) unless the kernel will take a module signed by our key: before enrollment a
+    reload would only make the guard fall back to stock; the remedy is the enrollment path, in order."""
+    from spark_memsaver.decide import mok as dm
+    state = sb.get("state") or "unknown"
+    if state == "unknown":
+        raise ActivationRefused("the Secure Boot / MOK state cannot be read (" + (sb.get("reason") or "not observed")
+                                + "): whether the kernel would take our module is not known",
+                                remedy=sb.get("remedy") or None)
+    if state not in dm.LOADABLE:
+        raise ActivationRefused(f"Secure Boot is enforcing and our signing key is {state.replace('-', ' ')}: the "
+                                "kernel would refuse our module, so the stock nvidia-uvm stays loaded",
+                                remedy=dm.enrollment_remedy(sb))
+    if (sb.get("kernel") or {}).get("trusted_by_kernel") == "no" and sb.get("efi") and sb.get("secure_boot"):
+        raise ActivationRefused("the firmware has our signing key enrolled but the running kernel does not trust "
+                                "it (" + (sb["kernel"].get("trust_reason") or "not in its keyrings") + ")",
+                                remedy=dm.KERNEL_DISTRUST_REMEDY)
+
+
 def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM_DEVICE,
              proc_host: Host | None = None, dry_run: bool = False) -> dict:
     snap = observe.snapshot(host, config)
@@ -58,6 +77,7 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
     if not sel.get("patched"):
         raise ActivationRefused(f"our nvidia-uvm is not selected for the running kernel {rel} "
                                 f"(selected: {sel.get('path') or 'none'})", remedy=_install_first(host, config, rel))
+    secure_boot_allows(snap.get("secure_boot") or {})
     drv = rc.base_version(sel.get("version"))
     loaded_nv = rc.base_version(snap["driver"].get("loaded_version"))
     disk_nv = rc.base_version((k.get("nvidia_selected") or {}).get("version"))

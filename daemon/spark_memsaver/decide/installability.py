@@ -43,7 +43,7 @@ CODES = {"kernel": "unknown-kernel", "driver": "nvidia-ko-missing", "kernel-poli
          "manifest": "driver-unsupported", "driver-source": "driver-source-missing", "headers": "headers-missing",
          "secure-boot": "secure-boot-unknown"}
 
-ENROLL = "run 'sudo spark-memsaver mok enroll', then confirm the key at the console on the next boot"
+from spark_memsaver.decide.mok import ENROLL_STEPS as ENROLL  # noqa: E402  (the Secure Boot path's one wording)
 
 
 def base_version(v: str | None) -> str | None:

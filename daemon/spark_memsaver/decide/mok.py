@@ -55,8 +55,8 @@ class MokAlreadyEnrolled(MokError):
 
 class MokAlreadyPending(MokError):
     code = "mok-already-pending"
-    remedy = ("Reboot with a person at the console and confirm it in MokManager; or run 'sudo spark-memsaver mok "
-              "cancel' and enroll again to set a new password.")
+    remedy = ("Reboot with a person at the console and confirm it in MokManager: our module becomes active by itself "
+              "at that boot; or run 'sudo spark-memsaver mok cancel' and enroll again to set a new password.")
 
 
 class MokPendingDelete(MokError):
@@ -75,6 +75,13 @@ class MokBadPassword(MokError):
     exit_code = EXIT_USAGE
     remedy = (f"Use {PASSWORD_MIN}-{PASSWORD_MAX} printable ASCII characters (MokManager reads the keyboard with a "
               "US layout before any OS is running).")
+
+
+class MokBadTimeout(MokError):
+    code = "mok-bad-timeout"
+    exit_code = EXIT_USAGE
+    remedy = ("Give one of --console-timeout SECONDS (1..32767: MokManager counts down that long, then boots on "
+              "without enrolling) or --wait-at-console (MokManager waits at its menu until someone comes).")
 
 
 class MokutilFailed(MokError):
@@ -329,7 +336,45 @@ def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str 
     if not p.vars["MokListRT"].present:
         reason += " (MokListRT is absent: this boot did not go through shim, so MokManager cannot enroll it)"
     return Decision("not-enrolled", reason + ": modules signed with it will not load while Secure Boot is on",
-                    "Run 'sudo spark-memsaver mok enroll' and confirm the key at the console on the next boot.")
+                    ENROLL_STEPS[:1].upper() + ENROLL_STEPS[1:] + ".")
+
+# The Secure Boot path, always in this order: request (sudo) -> reboot and confirm at the console -> ours
+# becomes active by itself at that boot. Until then the guard keeps the stock nvidia-uvm loaded.
+ENROLL_STEPS = ("run 'sudo spark-memsaver mok enroll', then reboot with a person at the console and confirm the "
+                "key in MokManager: our module becomes active by itself at that boot")
+CONFIRM_STEPS = ("reboot with a person at the console and confirm the key in MokManager: our module becomes "
+                 "active by itself at that boot")
+
+
+KERNEL_DISTRUST_REMEDY = (
+    "The stock nvidia-uvm stays in use meanwhile. Check that MOK trust is on: 'sudo mokutil --trust-mok', then "
+    "reboot and confirm it at the console (shim creates MokListTrustedRT; kernels with "
+    "CONFIG_INTEGRITY_MACHINE_KEYRING then load MOKs into .machine; Ubuntu's kernels trust .platform); "
+    "'sudo keyctl show %:.machine' and 'sudo keyctl show %:.platform' show what the kernel holds.")
+
+# The guard's causes (systemd/guard/uvm-guard, "ours-load-failed: ... [cause]") in words.
+LOAD_FAILURE_CAUSES = {
+    "key-not-trusted": "key not trusted",
+    "signature-required": "a signature the kernel trusts is required (lockdown)",
+    "abi-mismatch": "built against another kernel or driver (unknown or mismatched symbol)",
+    "bad-format": "not a module this kernel can load (format or version magic)",
+}
+
+
+def enrollment_remedy(sb: dict) -> str:
+    """What makes a module we sign loadable, from the Secure Boot section: the next step of the order above
+    for the state (the verdict's own remedy where the state needs something else first)."""
+    state = (sb or {}).get("state")
+    if state == "not-enrolled":
+        return ENROLL_STEPS[:1].upper() + ENROLL_STEPS[1:] + "."
+    if state == "pending-enroll":
+        return (CONFIRM_STEPS[:1].upper() + CONFIRM_STEPS[1:] + " (or 'sudo spark-memsaver mok cancel' and enroll "
+                "again to set a new password).")
+    if state == "no-key":
+        return ("Create the signing key (build once: 'sudo spark-memsaver install' signs with DKMS's key, creating "
+                "it), then " + ENROLL_STEPS + ".")
+    return (sb or {}).get("remedy") or (ENROLL_STEPS[:1].upper() + ENROLL_STEPS[1:] + ".")
+
 
 def require_installable(sb: dict) -> None:
     """Raise SecureBootUnknown when the state is unknown (or missing): installing then would be a guess."""

@@ -10,6 +10,7 @@ from spark_memsaver.decide import policy
 from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the one policy; old import path)
 from spark_memsaver.decide.hazards import findings_from_inputs
 from spark_memsaver.decide import installability as inst_mod
+from spark_memsaver.decide import mok as mok_decide
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")
@@ -117,7 +118,7 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
                 "Nothing runs under this root: run 'spark-memsaver status' on the booted node to see whether "
                 "it can be installed.")
     if decision["can_install"]:
-        remedy = "Run 'spark-memsaver install' to build and install the packing module"
+        remedy = "Run 'sudo spark-memsaver install' to build and install the packing module"
         if decision.get("needs_fetch"):
             remedy += " (it fetches the NVIDIA source first)"
         for t in decision.get("then") or []:
@@ -128,6 +129,32 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
     return (f"The stock nvidia-uvm is selected; kernel {decision['kernel']} cannot get ours yet ({names}).",
             f"Nothing is broken: the stock nvidia-uvm is in use. Packing needs what the findings above name "
             f"first ({names}); each says how.")
+
+
+def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
+    """ours-load-failed (the guard's last refusal in this boot, while ours is not loaded) and
+    mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings)."""
+    out = []
+    uvm = snap.get("uvm") or {}
+    fail = (snap.get("guard") or {}).get("ours_load_failed")
+    if fail and not (uvm.get("loaded") and uvm.get("patched")):
+        cause = mok_decide.LOAD_FAILURE_CAUSES.get(fail["cause"], fail["reason"])
+        inuse = "the stock module is in use" if uvm.get("loaded") else "no nvidia-uvm is loaded"
+        if fail["cause"] in ("key-not-trusted", "signature-required"):
+            remedy = mok_decide.enrollment_remedy(sb) if sb_state not in SB_LOADABLE \
+                else mok_decide.KERNEL_DISTRUST_REMEDY
+        else:
+            remedy = "Run 'sudo spark-memsaver reconcile': it rebuilds ours for this kernel and driver, or rolls back."
+        out.append(Finding("ours-load-failed", "warning",
+                           f"Our module was refused by the kernel: {cause}; {inuse} (at {fail['time']}: "
+                           f"{fail['reason']}).", remedy, fail["kernel"]))
+    k = sb.get("kernel") or {}
+    if sb_state == "enrolled" and k.get("trusted_by_kernel") == "no":
+        out.append(Finding("mok-not-trusted-by-kernel", "warning",
+                           "Our signing key is enrolled in the firmware but the running kernel does not trust it ("
+                           + (k.get("trust_reason") or "not in its keyrings") + "): modules it signs will not load.",
+                           mok_decide.KERNEL_DISTRUST_REMEDY))
+    return out
 
 
 def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict:
@@ -212,6 +239,9 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
                          sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the "
                          "console on next boot."))
 
+    # 4b. The kernel refused our module at the last load (the guard loaded stock) or does not trust our key.
+    f.extend(secure_boot_findings(snap, sb, sb_state))
+
     # 5. Policy for the running kernel.
     ours_selected = bool(running and (running.get("uvm_selected") or {}).get("patched"))
     if running is None and decision is not None:
@@ -281,7 +311,14 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     # 8. On disk.
     if ours_selected:
         if sb_state not in SB_LOADABLE:
+            if sb_state != "unknown":
+                f.append(Finding("installed-awaiting-key", "info",
+                                 "Our nvidia-uvm is installed — it becomes active after the key is enrolled and the "
+                                 "node rebooted; the stock nvidia-uvm stays in use until then.",
+                                 mok_decide.enrollment_remedy(sb), rk))
             return Verdict("unverified", f)
+        if any(x.code in ("ours-load-failed", "mok-not-trusted-by-kernel") for x in f):
+            return Verdict("needs-attention", f)
         if uvm.get("loaded"):
             f.append(Finding("activation-pending", "info",
                              "Our nvidia-uvm is installed but the stock module is still loaded.",

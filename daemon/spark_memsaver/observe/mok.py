@@ -254,18 +254,21 @@ def read_kernel(host, cert: ev.Certificate | None) -> dict:
     text = host.read_text("/proc/keys")
     if text is None:
         out["keyrings"] = None
+        out["trusted_by_kernel"], out["trust_reason"] = "unknown", "/proc/keys cannot be read"
         return out
     rings, keys = parse_proc_keys(text)
     out["keyrings"] = {n: {"present": n in rings, "keys": rings[n][1] if n in rings else None}
                        for n in (".builtin_trusted_keys", ".secondary_trusted_keys", ".platform", ".machine",
                                  ".blacklist")}
     if cert is None:
+        out["trusted_by_kernel"], out["trust_reason"] = "unknown", "no signing certificate to look for"
         return out
     want = cert.kernel_key_description
     ids = [kid for kid, desc in keys if desc == want or desc.startswith(want + ":")]
     out["key_description"] = want
     out["key_loaded"] = bool(ids) if keys or rings else None
     out["key_in"] = None            # which keyring holds it: /proc/keys does not say; keyctl does (live only)
+    out["trusted_by_kernel"], out["trust_reason"] = "unknown", None
     if ids and host.is_live and host.runner.which("keyctl"):
         found = []
         for ring, (rid, _n) in rings.items():
@@ -279,7 +282,28 @@ def read_kernel(host, cert: ev.Certificate | None) -> dict:
             if members & set(ids):
                 found.append(ring)
         out["key_in"] = found
+    out["trusted_by_kernel"], out["trust_reason"] = kernel_trust(rings, ids, out["key_in"])
     return out
+
+
+SYSTEM_RINGS = (".builtin_trusted_keys", ".secondary_trusted_keys", ".machine", ".platform")
+
+
+def kernel_trust(rings: dict, ids: list, key_in: list | None) -> tuple[str, str]:
+    """Whether the running kernel trusts our certificate's key for modules: 'yes', 'no' or 'unknown', and why.
+    ``rings``/``ids`` from /proc/keys (system keyrings seen; ids of keys with our description), ``key_in``
+    the system keyrings keyctl found it in (None: keyctl not consulted)."""
+    if not any(r in rings for r in SYSTEM_RINGS):
+        return "unknown", ("/proc/keys shows none of the kernel's system keyrings (they are visible to root "
+                           "only, and need CONFIG_KEYS)")
+    if not ids:
+        return "no", "no key with our certificate's description is in the kernel's keyrings (/proc/keys)"
+    if key_in is None:
+        return "yes", "our certificate's key is loaded in a kernel keyring (/proc/keys; keyctl not available to say which)"
+    if key_in:
+        return "yes", "our certificate's key is in " + ", ".join(key_in) + (
+            " (Ubuntu's and Debian's kernels check modules against .platform too)" if key_in == [".platform"] else "")
+    return "no", "our certificate's key is loaded, but in none of " + ", ".join(SYSTEM_RINGS)
 
 
 # --- observation ----------------------------------------------------------------------------------------
@@ -326,11 +350,17 @@ def observe(host, cert: str | None = None, config=None) -> dict:
     sb = v["SecureBoot"].value if v["SecureBoot"].present and not v["SecureBoot"].error else None
     sm = v["SetupMode"].value if v["SetupMode"].present and not v["SetupMode"].error else None
     mokv = v["MokSBStateRT"]
+    kern = read_kernel(host, ci.cert)
+    reason = d.reason
+    if d.state == "enrolled" and kern.get("trusted_by_kernel") == "yes":
+        reason += "; trusted by the running kernel (" + kern["trust_reason"] + ")"
+    elif d.state == "enrolled" and kern.get("trusted_by_kernel") == "no":
+        reason += "; but the running kernel does not trust it: " + kern["trust_reason"]
     out = {
         "state": d.state,
-        "reason": d.reason,
+        "reason": reason,
         "remedy": d.remedy,
-        "loadable": d.state in LOADABLE,
+        "loadable": d.state in LOADABLE and not (d.state == "enrolled" and kern.get("trusted_by_kernel") == "no"),
         "efi": parsed.efi,
         "secure_boot": _sb_flag(parsed, sb),
         "setup_mode": bool(sm) if sm is not None else None,
@@ -341,6 +371,6 @@ def observe(host, cert: str | None = None, config=None) -> dict:
         "last_request": request,
         "variables": {n: x.summary() for n, x in v.items()} if parsed.efi else {},
         "moklist_trusted": v["MokListTrustedRT"].present if parsed.efivarfs else None,
-        "kernel": read_kernel(host, ci.cert),
+        "kernel": kern,
     }
     return out

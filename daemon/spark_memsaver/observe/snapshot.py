@@ -382,6 +382,8 @@ def snapshot(host: Host, config=None) -> dict:
     snap["driver"]["sources"] += driver_sources.cache_sources(host, cached)
     snap["driver_sources"] = driver_sources.observe(host, config, snap["driver"], kernels, cached)
     snap["hazard_inputs"] = observe_hazard_inputs(host, h, snap["driver"], kernels)
+    from spark_memsaver.observe import guardlog
+    snap["guard"] = {"ours_load_failed": guardlog.ours_load_failed(host, h["kernel"])}
     snap["unknown"] = unknown
     snap["observed_in_s"] = round(time.monotonic() - t0, 4)
     return snap

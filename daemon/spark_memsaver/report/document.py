@@ -124,6 +124,15 @@ def _source_cache_rows(ds: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
+def _signing_key_row(sb: dict) -> list:
+    """The signing certificate's SHA-256 (one per fleet when signing_cert is shared) and the kernel's trust."""
+    c = sb.get("certificate") or {}
+    if not c.get("sha256"):
+        return []
+    trust = (sb.get("kernel") or {}).get("trusted_by_kernel") or "unknown"
+    return [("Signing key", f"sha256 {c['sha256']} ({c.get('path')}); trusted by the running kernel: {trust}")]
+
+
 def render_text(doc: dict) -> str:
     """Aligned, readable status."""
     unknown = doc.get("unknown") or []
@@ -139,6 +148,7 @@ def render_text(doc: dict) -> str:
         ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
                                                                           " (not loaded)")),
         ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
+        *_signing_key_row(doc["secure_boot"]),
         ("Memory", f"{_mib(doc['memory']['available'])} available of {_mib(doc['memory']['total'])}"),
         ("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),
         ("Saved", _mib(doc["memory"]["saved"])),

@@ -1,0 +1,259 @@
+"""The Secure Boot path cannot strand a node (issue 23): order, refusals, the guard's refusal in status, and
+trust as the running kernel sees it.
+
+What stands in: **EFI firmware** (byte-exact efivarfs files, built by tests/test_mok.py's independent encoders),
+**a GB10 node** (tests/support/sparkroot.py), and **the running kernel's /proc/keys**: the text in
+tests/fixtures/proc-keys/debian-7.3.4-arm64-efi-db.txt was captured from Debian's 7.3.4 arm64 kernel booted
+under AAVMF with tests/fixtures/proc-keys/platform-key.pem in db (tests/test_kernel_guard_refused.py's VM):
+the kernel loaded that certificate into .platform. The guard's log lines are the exact lines the guard wrote
+in that VM (tests/test_guard_ours_refused.py checks the guard writes them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.act import activate as act_activate
+from spark_memsaver.act import executor
+from spark_memsaver.act import mok
+from spark_memsaver.config import Config
+from spark_memsaver.decide import status as decide_status
+from spark_memsaver.host import Host
+from spark_memsaver.observe import snapshot as observe
+from tests.support import sparkroot
+from tests.test_mok import A_NV, A_VOLATILE, SB_ON, _openssl_cert, efivar, x509_list
+
+pytestmark = pytest.mark.mok
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = REPO / "tests/fixtures/proc-keys"
+SHIM = "605dab50-e046-4300-abb6-3dd810dd8b23"
+CFG = Config()
+K = sparkroot.SPARK_KERNEL
+REFUSED_KEY = (f"2026-12-02T12:05:05Z kernel={K} ours-load-failed: the kernel refused our nvidia-uvm "
+               f"/lib/modules/{K}/updates/dkms/nvidia-uvm.ko: Key was rejected by service [key-not-trusted]\n")
+REFUSED_ABI = (f"2026-12-02T12:05:27Z kernel={K} ours-load-failed: the kernel refused our nvidia-uvm "
+               f"/lib/modules/{K}/updates/dkms/nvidia-uvm.ko: Unknown symbol in module, or unknown parameter "
+               "(see dmesg) [abi-mismatch]\n")
+# a remedy naming a command that needs root must carry sudo
+ROOT_CMDS = re.compile(r"(?<!sudo )spark-memsaver (install|mok enroll|mok cancel|reconcile|activate|remove|rollback)")
+
+
+def der(pem: Path) -> bytes:
+    return subprocess.run(["openssl", "x509", "-in", str(pem), "-outform", "DER"], check=True,
+                          capture_output=True).stdout
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("k")
+    return {"ours": _openssl_cert(d, "ours", "/CN=DKMS module signing key").read_bytes(),
+            "vendor": _openssl_cert(d, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()}
+
+
+def node(base: Path, cert: bytes, variables: dict, *, uvm="stock", ours="580.142", files=None) -> Path:
+    root = sparkroot.make_spark_root(base, uvm_loaded=uvm, ours_installed=ours, secure_boot=True)
+    vd = root / "sys/firmware/efi/efivars"
+    for name, raw in variables.items():
+        (vd / f"{name}-{SHIM}").write_bytes(raw)
+    (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/dkms/mok.pub").write_bytes(cert)
+    (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text("6b1f0c8e-3a2d-4c5b-9e8f-7a6b5c4d3e2f\n")
+    for rel, content in (files or {}).items():
+        p = root / rel.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
+    return root
+
+
+def not_enrolled(keys) -> dict:
+    return {"MokListRT": efivar(A_VOLATILE, x509_list(keys["vendor"]))}
+
+
+def pending(keys) -> dict:
+    return {**not_enrolled(keys), "MokNew": efivar(A_NV, x509_list(keys["ours"])),
+            "MokAuth": efivar(A_NV, b"\x00" * 32)}
+
+
+def cli(root: Path, *args):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), *args], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def verdict(root: Path):
+    return decide_status.evaluate(observe.snapshot(Host(root), CFG), CFG)
+
+
+def sudo_everywhere(findings) -> None:
+    for f in findings:
+        assert not ROOT_CMDS.search(f.remedy), f"{f.code}: {f.remedy}"
+
+
+# --- activate refuses before the key is trusted ---------------------------------------------------------
+
+def test_activate_refused_in_unverified_with_the_enrollment_remedy(tmp_path, keys):
+    root = node(tmp_path / "r", keys["ours"], not_enrolled(keys))
+    assert verdict(root).state == "unverified"
+    with pytest.raises(act_activate.ActivationRefused) as e:
+        executor.perform("activate", Host(root), CFG, dry_run=True)
+    assert "not enrolled" in e.value.message and "stock nvidia-uvm stays loaded" in e.value.message
+    assert e.value.remedy.startswith("Run 'sudo spark-memsaver mok enroll', then reboot with a person at the console")
+    assert e.value.remedy.endswith("our module becomes active by itself at that boot.")
+    # the CLI's dry run says the same, exit 1, nothing planned
+    r = cli(root, "activate", "--dry-run", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["error"]["code"] == "activation-refused", r.stdout
+    assert "sudo spark-memsaver mok enroll" in doc["error"]["remedy"] and "would_run" not in doc
+
+
+def test_activate_refused_while_pending_says_confirm_at_the_console(tmp_path, keys):
+    root = node(tmp_path / "r", keys["ours"], pending(keys))
+    with pytest.raises(act_activate.ActivationRefused) as e:
+        executor.perform("activate", Host(root), CFG)
+    assert "pending enroll" in e.value.message
+    assert e.value.remedy.startswith("Reboot with a person at the console and confirm the key in MokManager")
+
+
+def test_activate_proceeds_once_enrolled(tmp_path, keys):
+    root = node(tmp_path / "r", keys["ours"], {"MokListRT": efivar(A_VOLATILE, x509_list(keys["ours"]))})
+    doc = executor.perform("activate", Host(root), CFG, dry_run=True)
+    assert doc["would_run"][-1] == ["modprobe", "nvidia_uvm"]
+
+
+# --- status: installed, awaiting the key; the order of the remedies ---------------------------------------
+
+def test_installed_before_enrollment_says_when_it_becomes_active(tmp_path, keys):
+    v = verdict(node(tmp_path / "r", keys["ours"], not_enrolled(keys)))
+    assert v.state == "unverified"
+    f = {x.code: x for x in v.findings}
+    assert f["installed-awaiting-key"].message.startswith(
+        "Our nvidia-uvm is installed — it becomes active after the key is enrolled and the node rebooted")
+    assert f["installed-awaiting-key"].remedy == f["mok-not-enrolled"].remedy
+    r = f["mok-not-enrolled"].remedy
+    assert r.index("sudo spark-memsaver mok enroll") < r.index("reboot") < r.index("confirm") < r.index("by itself")
+    sudo_everywhere(v.findings)
+
+
+def test_stock_node_remedy_order_and_sudo(tmp_path, keys):
+    # nothing installed yet, Secure Boot on, key not enrolled: install -> enroll -> reboot and confirm
+    root = node(tmp_path / "r", keys["ours"], not_enrolled(keys), ours=None)
+    v = verdict(root)
+    remedies = " | ".join(x.remedy for x in v.findings)
+    sudo_everywhere(v.findings)
+    stock = next(x for x in v.findings if x.code == "stock")
+    assert stock.remedy.startswith("Run 'sudo spark-memsaver install'"), stock.remedy
+    assert stock.remedy.index("install") < stock.remedy.index("mok enroll") < stock.remedy.index("reboot"), remedies
+
+
+def test_missed_prompt_stock_stays_and_status_says_re_request(tmp_path, keys):
+    # enrolled was requested in an earlier boot; MokManager discarded it (no MokNew now); the guard loaded stock
+    rec = {"cert_sha256": __import__("hashlib").sha256(keys["ours"]).hexdigest(),
+           "boot_id": "0d9c8b7a-6f5e-4d3c-2b1a-0f9e8d7c6b5a", "requested_at": "2026-12-01T09:00:00Z"}
+    root = node(tmp_path / "r", keys["ours"], not_enrolled(keys),
+                files={"/var/lib/spark-memsaver/mok-request.json": json.dumps(rec),
+                       "/run/spark-memsaver/guard.log": REFUSED_KEY})
+    v = verdict(root)
+    f = {x.code: x for x in v.findings}
+    assert v.state == "unverified"
+    assert "was not confirmed at the console on the following boot" in f["mok-not-enrolled"].message
+    assert f["mok-not-enrolled"].remedy.startswith("Run 'sudo spark-memsaver mok enroll'")
+    assert f["ours-load-failed"].message.startswith(
+        "Our module was refused by the kernel: key not trusted; the stock module is in use")
+    assert f["ours-load-failed"].remedy == f["mok-not-enrolled"].remedy
+    sudo_everywhere(v.findings)
+
+
+def test_request_still_pending_after_a_reboot_says_mokmanager_did_not_run(tmp_path, keys):
+    rec = {"cert_sha256": __import__("hashlib").sha256(keys["ours"]).hexdigest(),
+           "boot_id": "0d9c8b7a-6f5e-4d3c-2b1a-0f9e8d7c6b5a", "requested_at": "2026-12-01T09:00:00Z"}
+    root = node(tmp_path / "r", keys["ours"], pending(keys),
+                files={"/var/lib/spark-memsaver/mok-request.json": json.dumps(rec),
+                       "/run/spark-memsaver/guard.log": REFUSED_KEY})
+    v = verdict(root)
+    f = {x.code: x for x in v.findings}
+    assert "MokManager did not run then" in f["mok-pending-enroll"].message
+    assert f["ours-load-failed"].remedy.startswith("Reboot with a person at the console and confirm the key")
+    sudo_everywhere(v.findings)
+
+
+def test_abi_refusal_remedy_is_reconcile_and_needs_attention(tmp_path, keys):
+    root = node(tmp_path / "r", keys["ours"], {"MokListRT": efivar(A_VOLATILE, x509_list(keys["ours"]))},
+                files={"/run/spark-memsaver/guard.log": REFUSED_KEY + REFUSED_ABI})
+    v = verdict(root)
+    f = {x.code: x for x in v.findings}
+    assert v.state == "needs-attention"
+    assert "built against another kernel or driver" in f["ours-load-failed"].message     # the newest line wins
+    assert f["ours-load-failed"].remedy.startswith("Run 'sudo spark-memsaver reconcile'")
+
+
+def test_refusal_of_another_kernel_or_with_ours_loaded_is_not_reported(tmp_path, keys):
+    other = REFUSED_KEY.replace(f"kernel={K}", "kernel=6.14.0-1013-nvidia-64k")
+    root = node(tmp_path / "a", keys["ours"], not_enrolled(keys), files={"/run/spark-memsaver/guard.log": other})
+    assert "ours-load-failed" not in {x.code for x in verdict(root).findings}
+    root = node(tmp_path / "b", keys["ours"], {"MokListRT": efivar(A_VOLATILE, x509_list(keys["ours"]))},
+                uvm="ours", files={"/run/spark-memsaver/guard.log": REFUSED_KEY})
+    assert "ours-load-failed" not in {x.code for x in verdict(root).findings}
+
+
+# --- trust as the running kernel sees it (real /proc/keys text) ------------------------------------------
+
+def _kernel_root(tmp_path, cert_pem: Path, keys_text: str | None, enrolled: bool = True):
+    c = der(cert_pem)
+    variables = {"MokListRT": efivar(A_VOLATILE, x509_list(c))} if enrolled else {}
+    files = {"/proc/keys": keys_text} if keys_text is not None else {}
+    return node(tmp_path, c, {**SB_ON, **variables}, files=files)
+
+
+def test_key_in_platform_keyring_is_trusted_by_kernel(tmp_path):
+    text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
+    sb = mok.observe(Host(_kernel_root(tmp_path / "r", FIX / "platform-key.pem", text)))
+    k = sb["kernel"]
+    assert k["key_description"] == "spark-memsaver test platform key: f0da1c47459a19fe1881249679a15c133e3e717c"
+    assert k["key_loaded"] is True and k["trusted_by_kernel"] == "yes"
+    assert k["keyrings"][".platform"] == {"present": True, "keys": 1}
+    assert k["keyrings"][".machine"] == {"present": True, "keys": 0}
+    assert sb["state"] == "enrolled" and "trusted by the running kernel" in sb["reason"] and sb["loadable"]
+    # status shows the certificate's SHA-256 (the fleet key's fingerprint) and the kernel's trust
+    fp = __import__("hashlib").sha256(der(FIX / "platform-key.pem")).hexdigest()
+    r = cli(_kernel_root(tmp_path / "s", FIX / "platform-key.pem", text), "status")
+    assert re.search(rf"Signing key: +sha256 {fp} \(/var/lib/dkms/mok.pub\); trusted by the running kernel: yes",
+                     r.stdout), r.stdout
+    doc = json.loads(cli(_kernel_root(tmp_path / "j", FIX / "platform-key.pem", text), "status", "--json").stdout)
+    assert doc["secure_boot"]["certificate"]["sha256"] == fp
+    assert doc["secure_boot"]["kernel"]["trusted_by_kernel"] == "yes"
+
+
+def test_enrolled_in_firmware_but_not_in_the_kernel(tmp_path):
+    text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
+    root = _kernel_root(tmp_path / "r", FIX / "untrusted-key.pem", text)
+    sb = mok.observe(Host(root))
+    assert sb["state"] == "enrolled" and sb["kernel"]["trusted_by_kernel"] == "no" and not sb["loadable"]
+    assert "the running kernel does not trust it" in sb["reason"]
+    v = verdict(root)
+    f = {x.code: x for x in v.findings}
+    assert "mok-not-trusted-by-kernel" in f and v.state == "needs-attention"
+    assert "mokutil --trust-mok" in f["mok-not-trusted-by-kernel"].remedy
+    with pytest.raises(act_activate.ActivationRefused, match="does not trust it"):
+        executor.perform("activate", Host(root), CFG, dry_run=True)
+
+
+def test_trust_unknown_without_system_keyrings_or_proc_keys(tmp_path):
+    # an unprivileged reader's /proc/keys: its own keyrings only (lines from the captured text)
+    text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
+    own = "".join(ln + "\n" for ln in text.splitlines() if "_uid" in ln or "user " in ln)
+    assert own and ".platform" not in own
+    sb = mok.observe(Host(_kernel_root(tmp_path / "a", FIX / "platform-key.pem", own)))
+    assert sb["kernel"]["trusted_by_kernel"] == "unknown" and sb["loadable"]
+    sb = mok.observe(Host(_kernel_root(tmp_path / "b", FIX / "platform-key.pem", None)))
+    assert sb["kernel"]["trusted_by_kernel"] == "unknown"
