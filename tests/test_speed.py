@@ -155,3 +155,69 @@ def test_empty_shortcut_agrees_with_both_parsers():
     assert yamlio.safe_load("# only\n  # comments\r\n\n") is None
     assert yamlio.safe_load("# c\rinterval: 5\n") == {"interval": 5}      # \r ends a comment
     assert yamlio.safe_load("# c\x85interval: 5\n") == {"interval": 5}    # so does NEL
+
+
+# --- status answered from the daemon's document only while it is fresh ----------------------------------
+
+def test_fresh_is_one_interval_old_at_most():
+    from spark_memsaver.cli.client import _utc_epoch, is_fresh
+
+    t = _utc_epoch("2026-12-02T12:00:00Z")
+    assert t == 1796212800.0
+    doc = {"generated_at": "2026-12-02T12:00:00Z", "config": {"interval": 60}}
+    assert is_fresh(doc, now=t) and is_fresh(doc, now=t + 61.9)
+    assert not is_fresh(doc, now=t + 62.1)               # older than the interval (+2 s for whole seconds)
+    assert not is_fresh(doc, now=t - 10)                 # from the future: a clock jump, not trusted
+    for bad in ({}, {"generated_at": "2026-12-02 12:00:00", "config": {"interval": 60}},
+                {"generated_at": "2026-12-02T12:00:00Z", "config": {"interval": True}},
+                {"generated_at": "2026-12-02T12:00:00Z"}):
+        assert not is_fresh(bad, now=t)
+
+
+def test_status_uses_the_daemon_document_while_fresh_and_looks_itself_when_stale(tmp_path):
+    """On the private bus: right after the daemon's status, `status --json` is the daemon's document; once it is
+    older than the interval (5 s here), the CLI inspects directly, and the stale GetStatus makes the daemon
+    re-make it, after which the CLI uses the daemon's again."""
+    import tempfile
+    import shutil
+    import time as _t
+    from tests.support import needs, sparkroot
+    from tests.support.privatebus import PrivateSystemBus, start_daemon, stop_process
+    from spark_memsaver.service import names
+
+    needs.require("dbus-daemon", "gdbus", remedy="tools/deps/dbus.txt")
+    needs.root("the daemon owns its bus name only as root")
+    root = sparkroot.make_spark_root(tmp_path / "root", uvm_loaded="ours", ours_installed=sparkroot.DRIVER)
+    conf = tmp_path / "config.yaml"
+    conf.write_text("interval: 5\n")
+    d = Path(tempfile.mkdtemp(prefix="spark-memsaver-bus."))
+    bus = PrivateSystemBus(d).start()
+    daemon = start_daemon(bus, "--no-reconcile", "--root", str(root), "--config", str(conf),
+                          log_path=tmp_path / "daemon.log")
+    env = _env(DBUS_SYSTEM_BUS_ADDRESS=bus.address)
+
+    def status():
+        r = subprocess.run([PY, "-m", "spark_memsaver", "status", "--json"], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode in (0, 1), r.stderr
+        return json.loads(r.stdout)
+
+    try:
+        bus.wait_for_name(names.BUS_NAME, timeout=30, proc=daemon)
+        deadline = _t.monotonic() + 60
+        while (doc := status())["source"] != "daemon":       # the first status is being made
+            assert _t.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            _t.sleep(0.2)
+        assert doc["host"]["kernel"] == sparkroot.SPARK_KERNEL and doc["config"]["interval"] == 5
+        _t.sleep(5 + 2 + 1.5)                                   # now older than interval + slack
+        stale = status()
+        assert stale["source"] == "direct" and stale["host"]["kernel"] != sparkroot.SPARK_KERNEL
+        deadline = _t.monotonic() + 60
+        while (doc := status())["source"] != "daemon":         # re-made by the daemon on that GetStatus
+            assert _t.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            _t.sleep(0.2)
+        assert doc["host"]["kernel"] == sparkroot.SPARK_KERNEL
+    finally:
+        stop_process(daemon)
+        bus.stop()
+        shutil.rmtree(d, ignore_errors=True)

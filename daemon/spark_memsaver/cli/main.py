@@ -159,6 +159,8 @@ def status(obj: Context, as_json: bool, direct: bool, quiet: bool):
         try:
             from spark_memsaver.cli import client
             doc = client.get_status()
+            if doc is not None and not client.is_fresh(doc):   # stale: the daemon re-makes it; look now
+                doc = None
         except ImportError:
             doc = None
     if doc is None:
