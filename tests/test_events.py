@@ -29,15 +29,25 @@ def test_operations_become_events(tmp_path):
     assert len(evs) == 1 and evs[0]["op"] == "rollback", evs
     assert evs[0]["ok"] is (r.returncode == 0), (r.returncode, r.stdout, r.stderr, evs)
     assert evs[0]["time"].endswith("Z") and evs[0].get("reason") == "test: back to stock"
-    # a refused build (no such kernel) is an event too, with the named error
-    r2 = cli("--root", str(root), "build", "--kernel", "9.9.9-not-here")
-    assert r2.returncode != 0
+    # bad usage is no event (issue 27): nothing was attempted -- a typo'd --kernel, --kernel with --all
+    for argv in (("build", "--kernel", "9.9.9-not-here"), ("install", "--kernel", "9.9.9-not-here"),
+                 ("install", "--kernel", sparkroot.SPARK_KERNEL, "--all")):
+        r2 = cli("--root", str(root), *argv)
+        assert r2.returncode == 2, (argv, r2.stdout, r2.stderr)
+    assert len(json.loads(cli("--root", str(root), "events", "--json").stdout)) == 1
+    # a refused build (the kernel's headers are gone) is an event, with the named error
+    (root / f"lib/modules/{sparkroot.SPARK_KERNEL}/build").unlink()
+    r2 = cli("--root", str(root), "build", "--kernel", sparkroot.SPARK_KERNEL)
+    assert r2.returncode == 1, (r2.stdout, r2.stderr)
     evs = json.loads(cli("--root", str(root), "events", "--json").stdout)
     assert [e["op"] for e in evs] == ["rollback", "build"], evs
-    assert evs[1]["ok"] is False and evs[1]["error"]["code"] and evs[1]["kernel"] == "9.9.9-not-here"
+    assert evs[1]["ok"] is False and evs[1]["error"]["code"] == "headers-missing"
+    assert evs[1]["kernel"] == sparkroot.SPARK_KERNEL
     text = cli("--root", str(root), "events").stdout.splitlines()
     assert text[0].split()[:4] == ["TIME", "(UTC)", "OPERATION", "RESULT"]
-    assert text[2].split()[2:4] == ["build", "failed"] and "9.9.9-not-here" in text[2]
+    assert text[2].split()[2:4] == ["build", "failed"] and sparkroot.SPARK_KERNEL in text[2]
+    for argv in (("install", "--dry-run"), ("remove", "--dry-run"), ("rollback", "--dry-run")):
+        cli("--root", str(root), *argv)
     # a dry run is no event
     cli("--root", str(root), "reconcile", "--dry-run")
     assert len(json.loads(cli("--root", str(root), "events", "--json").stdout)) == 2

@@ -220,8 +220,11 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
     from spark_memsaver.host import events
     try:
         doc = _perform(op, host, config, progress=progress, lock_wait=lock_wait, **args)
+    except UsageError:
+        raise                    # bad usage (a typo'd --kernel) is not a lifecycle event: nothing was attempted
     except Exception as e:
-        events.record(host, op, args, error=e)
+        if not args.get("dry_run"):      # a refused plan changed nothing either
+            events.record(host, op, args, error=e)
         raise
     if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or op not in ("reconcile",
                                                                                               "apt-pre-install")):
@@ -234,6 +237,12 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
     problems: list = []
     for k in ([args["kernel"]] if args.get("kernel") else []) + list(args.get("kernels") or []):
         installable.check_kernel(host, k)        # every op that names a kernel: unknown-kernel, exit 2
+    if args.get("kernel") and args.get("all_kernels"):
+        raise UsageError("--kernel and --all exclude each other", remedy=f"Give one: 'spark-memsaver {op} --kernel "
+                         f"{args['kernel']}' for that kernel, or 'spark-memsaver {op} --all' for every kernel.")
+    if args.get("dry_run") and op in ("build", "install", "remove", "rollback"):
+        from spark_memsaver.act import dryrun     # the same targets and refusals as the run, nothing written
+        return dryrun.plan(op, host, config, **args)
     if op == "activate" and observe.observe_host(host)["kernel"]:
         installable.check_kernel(host, observe.observe_host(host)["kernel"])   # the running kernel's modules gone
     if op == "reconcile":

@@ -45,7 +45,7 @@ def refusal(decision: dict) -> errors.MemsaverError:
     return err
 
 
-def require(host: Host, config: Config, kernel: str, progress=None, ignore: tuple = ()) -> dict:
+def require(host: Host, config: Config, kernel: str, progress=None, ignore: tuple = (), fetch: bool = True) -> dict:
     """Refuse (named, with status's code and remedy) unless ``kernel`` can get our module now; fetch the
     driver's source first when that is what is missing and it can be fetched. Returns the decision.
     ``ignore``: codes that do not block this operation (``build`` signs but loads nothing: not the Secure
@@ -55,7 +55,7 @@ def require(host: Host, config: Config, kernel: str, progress=None, ignore: tupl
     d["missing"] = [m for m in d["missing"] if m["code"] not in ignore]
     if d["missing"]:
         raise refusal(d)
-    if d["needs_fetch"]:
+    if d["needs_fetch"] and fetch:       # a dry run (act/dryrun.py) plans the fetch, it does not do it
         from spark_memsaver.act import source_fetch
         source_fetch.fetch(host, config, d["fetch"]["driver"], progress=progress)
     return d

@@ -88,7 +88,8 @@ def verify_installed(host: Host, kernel: str) -> dict:
 def _target_kernels(host: Host, config, kernel: str | None, all_kernels: bool, for_remove: bool) -> tuple[list, list]:
     from spark_memsaver.observe.snapshot import installed_kernels
     if kernel and all_kernels:
-        raise MemsaverError("give --kernel or --all, not both", remedy="Pick one.")
+        from spark_memsaver.errors import UsageError
+        raise UsageError("--kernel and --all exclude each other", remedy="Give one of them.")
     if kernel:
         return [kernel], []
     if not all_kernels:

@@ -48,6 +48,8 @@ def act(obj, op: str, progress, **kw) -> dict:
     from spark_memsaver.act import executor, installable
 
     local_only = kw.pop("_local_only", False)
+    if kw.get("dry_run"):      # a plan changes nothing: no root, no daemon (act/dryrun.py, through perform)
+        return executor.perform(op, obj.host, obj.config, progress=progress, **kw)
     if obj.host.is_live and os.geteuid() != 0:
         if kw.get("kernel"):   # unknown-kernel (exit 2), as executor.perform says it, before the daemon is asked
             installable.check_kernel(obj.host, kw["kernel"])
@@ -62,9 +64,15 @@ def act(obj, op: str, progress, **kw) -> dict:
         from spark_memsaver.errors import NotPermitted
         raise NotPermitted(f"'{op}' changes kernel modules and needs root; spark-memsaverd is not running to "
                            "ask on your behalf",
-                           remedy="Run it as root (sudo spark-memsaver ...), or start spark-memsaverd.service "
-                                  "and retry as an authorized user.")
+                           remedy=f"Run it as root: '{_as_typed_with_sudo()}'; or start the daemon "
+                                  "('sudo systemctl start spark-memsaverd.service') and retry as an authorized user.")
     return executor.perform(op, obj.host, obj.config, progress=progress, **kw)
+
+
+def _as_typed_with_sudo() -> str:
+    """The command line the user typed, with sudo: a remedy runnable as printed."""
+    import shlex
+    return "sudo spark-memsaver " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def _run_cli(obj, op: str, as_json: bool, **kw):
@@ -94,18 +102,46 @@ def hazard_note_lines(notes: list[dict]) -> list[str]:
     return [ln for n in notes for ln in (f"note: {n['message']}", f"      remedy: {n['remedy']}")]
 
 
+def _print_plan(doc: dict, as_json: bool) -> int:
+    from spark_memsaver.cli.lifecycle import plan_lines
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        for ln in plan_lines(doc):
+            click.echo(ln)
+    return 0
+
+
+def next_step(obj) -> str | None:
+    """After install: the one next step for this node's state now (report/summary.py, as status's first screen
+    says it), e.g. activate, enroll the key, or nothing."""
+    try:
+        from spark_memsaver.report.document import status
+        from spark_memsaver.report.summary import next_step as step
+        doc, _ = status(obj.host, obj.config)
+        return step(doc)
+    except (OSError, MemsaverError):
+        return None
+
+
 def register(cli) -> None:
     """Add `build`, `install` and `remove` to the root group."""
 
     @cli.command("build")
-    @click.option("--kernel", "kernel", default=None, help="Kernel release [default: the running kernel].")
-    @click.option("--driver", "driver", default=None, help="Expected NVIDIA driver version (must match nvidia.ko).")
+    @click.option("--kernel", "kernel", default=None, metavar="KERNEL",
+                  help="Kernel release [default: the running kernel].")
+    @click.option("--driver", "driver", default=None, metavar="VERSION",
+                  help="Expected NVIDIA driver version (must match nvidia.ko).")
     @click.option("--force", is_flag=True, help="Rebuild even when an identical build is installed.")
+    @click.option("--dry-run", is_flag=True, help="Print the plan the build would follow; change nothing.")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
     @click.pass_obj
-    def build_cmd(obj, kernel, driver, force, as_json):
+    def build_cmd(obj, kernel, driver, force, dry_run, as_json):
         """Build the patched nvidia-uvm with DKMS for a kernel (signs it; does not install)."""
-        doc = _run_cli(obj, "build", as_json, kernel=kernel, driver_version=driver, force=force)
+        doc = _run_cli(obj, "build", as_json, kernel=kernel, driver_version=driver, force=force,
+                       **({"dry_run": True} if dry_run else {}))
+        if dry_run:
+            return _print_plan(doc, as_json)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:
@@ -121,18 +157,32 @@ def register(cli) -> None:
         return 0
 
     def _kernels_opts(f):
-        f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
-        f = click.option("--all", "all_kernels", is_flag=True, help="Every installed kernel.")(f)
-        f = click.option("--kernel", "kernel", default=None, help="Kernel release [default: the running kernel].")(f)
+        f = click.option("--json", "as_json", is_flag=True, help="Print the result (or the plan) as JSON.")(f)
+        f = click.option("--dry-run", is_flag=True, help="Print the plan the run would follow; change nothing.")(f)
+        f = click.option("--all", "all_kernels", is_flag=True, help="Every installed kernel (not with --kernel).")(f)
+        f = click.option("--kernel", "kernel", default=None, metavar="KERNEL",
+                         help="Kernel release [default: the running kernel].")(f)
         return f
+
+    def _refuse_both(kernel, all_kernels, op):
+        if kernel and all_kernels:     # before the daemon is asked or anything is recorded (executor says the same)
+            from spark_memsaver.errors import UsageError
+            raise UsageError("--kernel and --all exclude each other",
+                             remedy=f"Give one: 'sudo spark-memsaver {op} --kernel {kernel}' for that kernel, or "
+                                    f"'sudo spark-memsaver {op} --all' for every kernel.")
 
     @cli.command("install")
     @_kernels_opts
     @click.pass_obj
-    def install_cmd(obj, kernel, all_kernels, as_json):
+    def install_cmd(obj, kernel, all_kernels, dry_run, as_json):
         """Build if needed and install the override; verify it is the selected nvidia-uvm."""
-        doc = _run_cli(obj, "install", as_json, kernel=kernel, all_kernels=all_kernels)
+        _refuse_both(kernel, all_kernels, "install")
+        doc = _run_cli(obj, "install", as_json, kernel=kernel, all_kernels=all_kernels,
+                       **({"dry_run": True} if dry_run else {}))
+        if dry_run:
+            return _print_plan(doc, as_json)
         doc["notes"] = hazard_notes(obj.host)
+        doc["next"] = next_step(obj)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:
@@ -143,14 +193,20 @@ def register(cli) -> None:
                 click.echo(f"skipped: {s['kernel']}: {s['reason']}")
             for ln in hazard_note_lines(doc["notes"]):
                 click.echo(ln)
+            if doc["next"]:
+                click.echo(f"next: {doc['next']}")
         return 0
 
     @cli.command("remove")
     @_kernels_opts
     @click.pass_obj
-    def remove_cmd(obj, kernel, all_kernels, as_json):
+    def remove_cmd(obj, kernel, all_kernels, dry_run, as_json):
         """Remove the override; restore and verify the stock nvidia-uvm."""
-        doc = _run_cli(obj, "remove", as_json, kernel=kernel, all_kernels=all_kernels)
+        _refuse_both(kernel, all_kernels, "remove")
+        doc = _run_cli(obj, "remove", as_json, kernel=kernel, all_kernels=all_kernels,
+                       **({"dry_run": True} if dry_run else {}))
+        if dry_run:
+            return _print_plan(doc, as_json)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:

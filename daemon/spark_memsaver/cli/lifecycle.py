@@ -25,6 +25,12 @@ def _emit(doc: dict, as_json: bool, lines: list[str]) -> None:
             click.echo(ln)
 
 
+def plan_lines(doc: dict) -> list[str]:
+    """A dry run's plan (act/dryrun.py), in reconcile's step format."""
+    return (["plan (dry run):"] + _step_lines(doc["steps"]) + ([] if doc["steps"] else ["  nothing to do"])
+            + [f"  skipped          {s['kernel']:<28} {s['reason']}" for s in doc.get("skipped", [])])
+
+
 def _step_lines(steps: list[dict]) -> list[str]:
     out = []
     for s in steps:
@@ -102,9 +108,10 @@ def register(root) -> None:
     progress = ProgressLines()
 
     @root.command("reconcile")
-    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--json", "as_json", is_flag=True, help="Print the steps (or the plan) as JSON.")
     @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-    @click.option("--kernel", "kernels", multiple=True, help="Only this kernel release (repeatable).")
+    @click.option("--kernel", "kernels", multiple=True, metavar="KERNEL",
+                  help="Only this kernel release (repeatable).")
     @click.option("--no-rebuild", is_flag=True, help="Only the safety steps (removals, records).")
     @click.option("--apt-pre-install", "apt_pre", is_flag=True, hidden=True,
                   help="APT DPkg::Pre-Install-Pkgs door: read the v3 package list from $APT_HOOK_INFO_FD/stdin.")
@@ -153,15 +160,21 @@ def register(root) -> None:
         return 0 if doc.get("ok", True) else EXIT_FAILED
 
     @root.command("rollback")
-    @click.option("--json", "as_json", is_flag=True)
-    @click.option("--kernel", default=None, help="Only this kernel release.")
-    @click.option("--reason", default="requested by the administrator", show_default=True)
+    @click.option("--json", "as_json", is_flag=True, help="Print the result (or the plan) as JSON.")
+    @click.option("--dry-run", is_flag=True, help="Print the plan the rollback would follow; change nothing.")
+    @click.option("--kernel", default=None, metavar="KERNEL", help="Only this kernel release [default: every kernel "
+                  "where ours is selected].")
+    @click.option("--reason", default="requested by the administrator", show_default=True, metavar="REASON",
+                  help="Why, recorded and shown by 'status' (automation never undoes a rollback; 'install' does).")
     @click.pass_obj
-    def rollback_cmd(obj, as_json, kernel, reason):
+    def rollback_cmd(obj, as_json, dry_run, kernel, reason):
         """Return to the stock nvidia-uvm (verified) and record why; status then says rolled-back."""
         # the D-Bus Rollback takes no kernel: a rollback of one kernel is done here (root) or refused
         doc = act(obj, "rollback", None if as_json else progress, reason=reason, kernel=kernel,
-                  _local_only=bool(kernel))
+                  _local_only=bool(kernel) or dry_run, **({"dry_run": True} if dry_run else {}))
+        if dry_run:
+            _emit(doc, as_json, plan_lines(doc))
+            return 0
         lines = ["nothing to roll back: the stock nvidia-uvm is selected"] if doc["nothing_to_do"] else \
             [f"{d['kernel']}: {'stock selected' if d['ok'] else 'FAILED: ' + d['error']['message']}"
              for d in doc["kernels"]]
@@ -169,8 +182,8 @@ def register(root) -> None:
         return 0 if doc["ok"] else EXIT_FAILED
 
     @root.command("activate")
-    @click.option("--json", "as_json", is_flag=True)
-    @click.option("--dry-run", is_flag=True, help="Say what would be run.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+    @click.option("--dry-run", is_flag=True, help="Say what would be run; change nothing.")
     @click.pass_obj
     def activate_cmd(obj, as_json, dry_run):
         """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).

@@ -75,6 +75,8 @@ class SafeGroup(click.Group):
         if name not in self.commands and name in LAZY_COMMANDS:
             import importlib
             importlib.import_module(f"spark_memsaver.cli.{LAZY_COMMANDS[name]}").register(self)
+        from spark_memsaver.cli.examples import attach
+        attach(self.commands.get(name), name)       # each --help ends with its examples
         return self.commands.get(name)
 
     def invoke(self, ctx):
@@ -125,9 +127,9 @@ class SafeGroup(click.Group):
 
 
 @click.group(cls=SafeGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False),
+@click.option("--root", default="/", show_default=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Inspect the system under this root prefix (image, container root, fixture).")
-@click.option("--config", "config_path", envvar="SPARK_MEMSAVER_CONFIG", default=None,
+@click.option("--config", "config_path", envvar="SPARK_MEMSAVER_CONFIG", default=None, metavar="FILE",
               help="Config file [default: /etc/spark-memsaver/config.yaml].")
 @click.option("--debug", is_flag=True, help="Log every command run and keep tracebacks.")
 @click.version_option(__version__, prog_name="spark-memsaver")
@@ -151,8 +153,9 @@ def _status_help() -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document (schema 2).")
 @click.option("--direct", is_flag=True, help="Inspect directly even when spark-memsaverd runs.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; exit with the state's code (below).")
+@click.option("-v", "--verbose", is_flag=True, help="Also show the internals: driver-source drift, the source cache.")
 @click.pass_obj
-def status(obj: Context, as_json: bool, direct: bool, quiet: bool):
+def status(obj: Context, as_json: bool, direct: bool, quiet: bool, verbose: bool):
     config = obj.config  # validate the config first: a bad file is exit 2
     doc = None
     if not direct and obj.root == "/":
@@ -174,7 +177,7 @@ def status(obj: Context, as_json: bool, direct: bool, quiet: bool):
         click.echo(json.dumps(doc, indent=2))
     else:
         from spark_memsaver.report.document import render_text
-        click.echo(render_text(doc))
+        click.echo(render_text(doc, verbose=verbose))
         click.echo(f"\n(source: {'spark-memsaverd' if doc.get('source') == 'daemon' else 'direct inspection'})")
     return exitcodes.status_code(doc)
 
@@ -185,7 +188,7 @@ def config():
 
 
 @config.command("show")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON (with its source and notes).")
 @click.pass_obj
 def config_show(obj: Context, as_json: bool):
     """Print the effective configuration (defaults merged with the file) as YAML."""

@@ -27,11 +27,11 @@ def _print(doc: dict, as_json: bool, lines: list[str]) -> None:
 
 
 @patch_group.command("apply")
-@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="NVIDIA open kernel-module tree (/usr/src layout = upstream kernel-open/).")
-@click.option("--dest", "dest", required=True, type=click.Path(path_type=Path),
+@click.option("--dest", "dest", required=True, type=click.Path(path_type=Path), metavar="DIR",
               help="New directory to receive the patched copy (must not exist).")
-@click.option("--tier-default", type=click.IntRange(0, 3), default=None,
+@click.option("--tier-default", type=click.IntRange(0, 3), default=None, metavar="0-3",
               help="Build-time default of uvm_pt_pack: 0 off, 3 leaf (default), 1 4k-all, 2 256 (opt-in).")
 @click.option("--allow-untested", is_flag=True,
               help="Apply the nearest branch's patch to a version the manifest does not list, if clean.")
@@ -48,9 +48,11 @@ def apply_cmd(source, dest, tier_default, allow_untested, slim, as_json):
 
 
 @patch_group.command("check")
-@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--allow-untested", is_flag=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="NVIDIA open kernel-module tree to check (e.g. /usr/src/nvidia-580.142).")
+@click.option("--allow-untested", is_flag=True,
+              help="Check the nearest branch's patch against a version the manifest does not list.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check_cmd(source, allow_untested, as_json):
     """Dry run: read the version, select the patch and check it applies with zero fuzz (writes nothing)."""
     r = check_source(source, allow_untested=allow_untested)
@@ -79,7 +81,7 @@ def _drift_lines(r: dict) -> list[str]:
 
 
 @patch_group.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest's drivers as JSON.")
 def list_cmd(as_json):
     """Driver versions the manifest knows: branch, qualification, verified_on, recorded content hashes."""
     m = load_manifest()

@@ -10,14 +10,14 @@ def register(cli) -> None:
     import click
 
     @cli.command("validate")
-    @click.option("--max-gib", type=float, default=DEFAULT_MAX_GIB, show_default=True,
+    @click.option("--max-gib", type=float, default=DEFAULT_MAX_GIB, show_default=True, metavar="GIB",
                   help=f"Most memory to allocate, GiB ({MAX_GIB_RANGE[0]:g}-{MAX_GIB_RANGE[1]:g}); never more than "
                        f"{HEADROOM_FRACTION:.0%} of what is free.")
-    @click.option("--duration", type=float, default=DEFAULT_DURATION, show_default=True,
+    @click.option("--duration", type=float, default=DEFAULT_DURATION, show_default=True, metavar="SECONDS",
                   help="Seconds of allocation rounds before the peak (1-3600).")
-    @click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="Worker threads (1-64).")
+    @click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, metavar="N", help="Worker threads (1-64).")
     @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
-    @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+    @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                   help="Also write the JSON report to this file.")
     @click.pass_obj
     def validate_cmd(obj, max_gib, duration, threads, as_json, report_path):

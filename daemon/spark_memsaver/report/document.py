@@ -133,26 +133,33 @@ def _signing_key_row(sb: dict) -> list:
     return [("Signing key", f"sha256 {c['sha256']} ({c.get('path')}); trusted by the running kernel: {trust}")]
 
 
-def render_text(doc: dict) -> str:
-    """Aligned, readable status."""
+def render_text(doc: dict, verbose: bool = False) -> str:
+    """Aligned, readable status: first what packing gives here, the risk and the one next step
+    (report/summary.py); then the node; the internals (driver-source drift, source cache) with ``verbose``."""
+    from spark_memsaver.report import summary
     unknown = doc.get("unknown") or []
     kernel = (f"{doc['host']['kernel']} ({doc['host']['arch']}, {(doc['host']['page_size'] or 0) // 1024 or '?'}"
               " KiB pages)") if doc["host"].get("kernel") else "unknown (nothing runs under this root)"
+    first = [(k, v) for k, v in (("Gain", summary.gain(doc)), ("Risk", summary.risk(doc)),
+                                 ("Next", summary.next_step(doc) or "nothing to do")) if v]
+    internals = [("Driver sources", ", ".join(_source_text(s, doc["driver"].get("patch") or {})
+                                              for s in doc["driver"]["sources"]) or "none"),
+                 *_source_cache_rows(doc.get("driver_sources"))] if verbose else []
     rows = [
         ("State", doc["state"]),
+        *first,
         ("Kernel", kernel),
         ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
-        ("Driver sources", ", ".join(_source_text(s, doc["driver"].get("patch") or {})
-                                     for s in doc["driver"]["sources"]) or "none"),
-        *_source_cache_rows(doc.get("driver_sources")),
+        *internals,
         ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
                                                                           " (not loaded)")),
         ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
         *_signing_key_row(doc["secure_boot"]),
         ("Memory", f"{_mib(doc['memory']['available'])} available of {_mib(doc['memory']['total'])}"),
-        ("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),
-        ("Saved", _mib(doc["memory"]["saved"])),
     ]
+    if doc["memory"].get("saved") is not None:     # measured only where ours packs: the Gain line says the rest
+        rows += [("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),
+                 ("Saved", _mib(doc["memory"]["saved"]))]
     last = (doc.get("records") or {}).get("last_validation")
     if isinstance(last, dict):
         rows.append(("Last validation", f"{last.get('outcome', '?')}: {last.get('reason', '')}"
@@ -162,6 +169,7 @@ def render_text(doc: dict) -> str:
         rows.append(("Unknown", ", ".join(unknown) + " (no /proc under this root: an image, not a running system)"))
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{k + ':':<{width}}{v}" for k, v in rows]
+    lines.insert(1 + len(first), "")
     if doc["kernels"]:
         lines.append("")
         lines.append("Kernels:")

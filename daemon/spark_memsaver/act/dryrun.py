@@ -1,0 +1,79 @@
+"""--dry-run of build, install, remove and rollback: the plan the real run follows, from the same decisions.
+
+The real run (act/executor.py -> act/override.py, act/build.py, act/rollback.py) picks its kernels with
+override._target_kernels / rollback._targets and refuses with installable.require; the dry run calls those same
+functions (nothing written, no lock, no fetch), so a dry run that names a kernel is a run that acts on it, and a
+refusal is the same named error with the same remedy. Each step is ``{"action", "kernel", "reason"}``, the
+shape reconcile's plan prints.
+"""
+
+from __future__ import annotations
+
+from spark_memsaver.act import installable
+from spark_memsaver.config import Config
+from spark_memsaver.host import Host
+
+
+def _step(action: str, kernel: str | None, reason: str) -> dict:
+    return {"action": action, "kernel": kernel, "reason": reason}
+
+
+def _built_version(host: Host, kernel: str) -> str | None:
+    from spark_memsaver.observe.dkms import kernels_of, registered_versions
+    return next((v for v in registered_versions(host) if kernel in kernels_of(host, v)), None)
+
+
+def _install_steps(host: Host, config: Config, kernel: str, decision: dict) -> list[dict]:
+    out = []
+    if decision.get("needs_fetch"):
+        f = decision.get("fetch") or {}
+        out.append(_step("fetch-source", kernel, f"NVIDIA {f.get('driver')} source: apt-get download "
+                         f"{f.get('package')}={f.get('deb_version')} into the source cache"))
+    built = _built_version(host, kernel)
+    out.append(_step("build", kernel, f"reuse spark-memsaver-uvm/{built} (already built)" if built else
+                     "dkms build spark-memsaver-uvm for the installed nvidia.ko, signed with the DKMS key"))
+    out += [_step("install", kernel, "dkms install: our nvidia-uvm under updates/dkms, the stock one recorded"),
+            _step("depmod", kernel, "select ours over the driver package's"),
+            _step("initramfs", kernel, "update-initramfs -u -k " + kernel),
+            _step("verify", kernel, "modinfo -k: ours is the nvidia-uvm modprobe selects")]
+    return out
+
+
+def plan(op: str, host: Host, config: Config, **args) -> dict:
+    """The dry-run document of ``op`` (build, install, remove, rollback)."""
+    from spark_memsaver.act import override
+    kernel, all_kernels = args.get("kernel"), bool(args.get("all_kernels"))
+    steps: list[dict] = []
+    skipped: list[dict] = []
+    if op == "build":
+        k = kernel or override.running_kernel(host)
+        d = installable.require(host, config, k, ignore=("secure-boot-unknown",), fetch=False)
+        steps = [s for s in _install_steps(host, config, k, d) if s["action"] in ("fetch-source", "build")]
+        if args.get("force") and steps[-1]["reason"].startswith("reuse"):
+            steps[-1] = _step("build", k, "rebuild (--force) although an identical build exists")
+    elif op == "install":
+        kernels, skipped = override._target_kernels(host, config, kernel, all_kernels, for_remove=False)
+        for k in kernels:
+            d = installable.require(host, config, k, fetch=False)
+            steps += _install_steps(host, config, k, d)
+    elif op == "remove":
+        kernels, _ = override._target_kernels(host, config, kernel, all_kernels, for_remove=True)
+        for k in kernels:
+            steps += [_step("uninstall", k, "dkms uninstall and unbuild spark-memsaver-uvm"),
+                      _step("restore-stock", k, "the recorded stock nvidia-uvm, checked by SHA-256"),
+                      _step("depmod", k, "select the stock nvidia-uvm again"),
+                      _step("initramfs", k, "update-initramfs -u -k " + k)]
+    elif op == "rollback":
+        from spark_memsaver.act import rollback as rb
+        from spark_memsaver.observe import snapshot as observe
+        snap = observe.snapshot(host, config)
+        for k in rb._targets(snap, kernel):
+            steps += [_step("remove", k["release"], "take our nvidia-uvm away; the stock one is selected"),
+                      _step("record", k["release"], f"rollback record: {args.get('reason') or 'requested'} "
+                                                    "(automation never undoes it; 'install' does)")]
+        uvm = snap["uvm"]
+        if steps and uvm.get("loaded") and uvm.get("patched"):
+            steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
+    else:
+        raise ValueError(op)
+    return {"dry_run": True, "op": op, "steps": steps, "skipped": skipped, "ok": True}

@@ -1,0 +1,81 @@
+"""The first screen of `status`: what packing gives on this node, the risk in one line, the one next step.
+
+Pure functions of the status document (report/document.py); `status` prints them right under the state, and
+`install` ends with :func:`next_step`.
+"""
+
+from __future__ import annotations
+
+GIB = 1 << 30
+# The seed project's measurement of the same packing (tier leaf) on a serving GB10 node: page-table backing
+# 3.25 GiB -> 0.218 GiB, usable memory +1.78-1.86 GiB (README.md, "What it saves").
+SEED_SAVED_GIB = 1.8
+SEED_BASIS = "the seed project's measurement on a serving GB10 node (page-table backing 3.25 -> 0.22 GiB)"
+VALIDATE = "sudo spark-memsaver validate"
+PACKING_STATES = ("active",)
+OURS_STATES = ("installed", "built", "unverified", "active", "inactive")
+
+
+def _gib(n) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _page_size(doc: dict) -> int | None:
+    return (doc.get("host") or {}).get("page_size")
+
+
+def gain(doc: dict) -> str | None:
+    """What packing gives here: measured when ours packs, an estimate with its basis otherwise."""
+    state = doc.get("state")
+    mem = doc.get("memory") or {}
+    if state == "not-applicable":
+        return None
+    if state in PACKING_STATES and mem.get("saved") is not None:
+        return (f"{_gib(mem['saved'])} saved now (measured: page-table backing {_gib(mem['pagetable_backing'])} "
+                f"instead of {_gib(mem.get('pagetable_stock_equivalent') or 0)})")
+    ps = _page_size(doc)
+    if ps and ps != 65536:
+        return f"nothing measurable: with {ps // 1024} KiB pages a page table already costs little"
+    return f"about {SEED_SAVED_GIB} GiB of usable memory (estimate: {SEED_BASIS}); measured here once active"
+
+
+def _validated(doc: dict) -> dict | None:
+    last = (doc.get("records") or {}).get("last_validation")
+    return last if isinstance(last, dict) and last.get("outcome") == "passed" else None
+
+
+def risk(doc: dict) -> str | None:
+    """One line: what is and is not proven about the module on this node."""
+    state = doc.get("state")
+    if state == "not-applicable":
+        return None
+    tier = (doc.get("config") or {}).get("tier")
+    extra = f"; tier {tier} is not validated on hardware" if tier and tier != "leaf" else ""
+    v = _validated(doc)
+    if v and state in PACKING_STATES:
+        return f"validated on this node ({v.get('finished_at') or 'time not recorded'}){extra}"
+    if state in PACKING_STATES:
+        return (f"this package has not yet run on a GB10 and this node has not been validated: run '{VALIDATE}'"
+                + extra)
+    return ("this package has not yet run on a GB10 (compile- and qemu-verified); once active, run "
+            f"'{VALIDATE}'" + extra)
+
+
+_SEVERITY = {"error": 0, "warning": 1, "info": 2}
+
+
+def next_step(doc: dict) -> str | None:
+    """The one next step: the remedy of the most severe finding that asks for something, else validation of an
+    active node that was never validated, else nothing."""
+    findings = sorted(doc.get("findings") or [], key=lambda f: _SEVERITY.get(f.get("severity"), 3))
+    for f in findings:
+        remedy = (f.get("remedy") or "").strip()
+        if not remedy or remedy.lower().startswith("nothing to do"):
+            continue
+        if f.get("severity") == "info" and f.get("code") not in ("stock", "activation-pending",
+                                                                 "driver-source-fetchable"):
+            continue
+        return remedy
+    if doc.get("state") in PACKING_STATES and not _validated(doc):
+        return f"Run '{VALIDATE}' to qualify packing on this node with real GPU work."
+    return None

@@ -1,0 +1,155 @@
+"""The CLI's surface, read from click's own command tree: every option has help and a meaningful metavar, every
+command's --help ends with 1-3 examples that parse with the CLI's parser (sudo exactly on the commands that
+change the system), every mutating command has --dry-run that prints the plan the run follows and changes
+nothing, and conflicting options are refused as bad usage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+
+from spark_memsaver.cli import examples
+from tests.support import sparkroot
+from tests.support.cliparse import parse, split
+from tests.test_docs_vs_code import gen_docs
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+ENV.pop("SPARK_MEMSAVER_CONFIG", None)
+LEAVES = dict(gen_docs().leaf_commands())
+MUTATING = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
+            "validate"}
+DRY_RUN = {"install", "build", "remove", "rollback", "activate", "reconcile"}
+VAGUE = {"TEXT", "INTEGER", "FLOAT", "PATH", "DIRECTORY", "FILENAME", "FILE PATH", "INTEGER RANGE", "FLOAT RANGE"}
+
+
+def cli(*args):
+    return subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", *args], capture_output=True, text=True,
+                          env=ENV, timeout=300)
+
+
+def metavar(p, ctx) -> str:
+    """click 8.1 (Debian 12) takes no context; 8.2 and later need it."""
+    try:
+        return p.make_metavar(ctx)
+    except TypeError:
+        return p.make_metavar()
+
+
+def test_the_tree_is_whole():
+    assert {"status", "install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll",
+            "patch check", "validate", "metrics", "config show"} <= set(LEAVES)
+    assert set(examples.EXAMPLES) == set(LEAVES)
+
+
+@pytest.mark.parametrize("path", sorted(LEAVES))
+def test_every_option_has_help_and_a_meaningful_metavar(path):
+    cmd = LEAVES[path]
+    ctx = click.Context(cmd)
+    for p in cmd.params:
+        if not isinstance(p, click.Option) or p.hidden:
+            continue
+        assert p.help, f"{path} {p.opts}: no help"
+        if not p.is_flag:
+            mv = metavar(p, ctx)
+            assert mv.strip("[]. ").upper() not in VAGUE, f"{path} {p.opts}: metavar {mv}"
+
+
+def test_global_options_have_help_and_metavars():
+    from spark_memsaver.cli.main import cli as root
+    ctx = click.Context(root)
+    for p in root.params:
+        if isinstance(p, click.Option) and not p.is_flag:
+            assert p.help and metavar(p, ctx) in ("DIR", "FILE"), p.opts
+
+
+@pytest.mark.parametrize("path", sorted(LEAVES))
+def test_help_ends_with_runnable_examples(path):
+    r = cli(*path.split(), "--help")
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout.rstrip().split("\n\n")[-1].splitlines()
+    assert tail[0].strip() == "Examples:", r.stdout
+    lines = [ln.strip() for ln in tail[1:]]
+    assert 1 <= len(lines) <= 3
+    for ln in lines:
+        sudo, _ = split(ln)
+        got, _ = parse(ln)
+        assert got == path, (ln, got)
+        assert sudo == (path in MUTATING), f"{ln}: sudo {'missing' if not sudo else 'not needed'}"
+
+
+@pytest.mark.parametrize("path", sorted(DRY_RUN))
+def test_every_mutating_command_has_dry_run(path):
+    assert any("--dry-run" in p.opts for p in LEAVES[path].params), path
+
+
+def _tree(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file() and not p.is_symlink():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def test_dry_runs_change_nothing_and_print_a_plan(tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142")
+    before = _tree(root)
+    for argv in (("install", "--dry-run"), ("remove", "--dry-run"), ("rollback", "--dry-run"),
+                 ("build", "--dry-run"), ("reconcile", "--dry-run")):
+        r = cli("--root", str(root), *argv)
+        assert r.returncode == 0, (argv, r.stdout, r.stderr)
+        assert r.stdout.startswith("plan (dry run):"), (argv, r.stdout)
+    assert _tree(root) == before
+
+
+def test_rollback_dry_run_is_the_plan_the_run_follows(tmp_path):
+    root = sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142")
+    plan = json.loads(cli("--root", str(root), "rollback", "--dry-run", "--json").stdout)
+    assert plan["dry_run"] is True
+    planned = sorted({s["kernel"] for s in plan["steps"] if s["action"] == "remove"})
+    done = json.loads(cli("--root", str(root), "rollback", "--json").stdout)
+    assert planned == sorted(k["kernel"] for k in done["kernels"]) == [sparkroot.SPARK_KERNEL]
+    again = json.loads(cli("--root", str(root), "rollback", "--dry-run", "--json").stdout)
+    assert again["steps"] == [] and "nothing to do" in cli("--root", str(root), "rollback", "--dry-run").stdout
+
+
+def test_install_dry_run_plans_or_refuses_as_the_run_does(tmp_path):
+    ok = sparkroot.make_spark_root(tmp_path / "ok")
+    plan = json.loads(cli("--root", str(ok), "install", "--dry-run", "--json").stdout)
+    assert [s["action"] for s in plan["steps"]] == ["build", "install", "depmod", "initramfs", "verify"]
+    assert {s["kernel"] for s in plan["steps"]} == {sparkroot.SPARK_KERNEL}
+    bad = sparkroot.make_spark_root(tmp_path / "bad", headers=False)
+    dry = cli("--root", str(bad), "install", "--dry-run", "--json")
+    real = cli("--root", str(bad), "install", "--json")
+    assert dry.returncode == real.returncode == 1, (dry.stdout, real.stdout)
+    assert json.loads(dry.stdout)["error"] == json.loads(real.stdout)["error"]
+    assert json.loads(dry.stdout)["error"]["code"] == "headers-missing"
+
+
+@pytest.mark.parametrize("op", ["install", "remove"])
+def test_kernel_and_all_are_refused_as_bad_usage(tmp_path, op):
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    r = cli("--root", str(root), op, "--kernel", sparkroot.SPARK_KERNEL, "--all")
+    assert r.returncode == 2 and "error[usage]: --kernel and --all exclude each other" in r.stderr, r.stderr
+    remedy = re.search(r"^remedy: (.*)$", r.stderr, re.M).group(1)
+    for cmd in re.findall(r"'([^']+)'", remedy):
+        assert parse(cmd)[0] == op
+
+
+def test_install_ends_with_the_next_step():
+    from spark_memsaver.report.summary import next_step
+    doc = {"state": "installed", "findings": [{"code": "activation-pending", "severity": "info",
+                                               "message": "m", "remedy": "Run 'sudo spark-memsaver activate'."}]}
+    assert next_step(doc) == "Run 'sudo spark-memsaver activate'."
+    doc = {"state": "active", "findings": [], "records": {}}
+    assert "sudo spark-memsaver validate" in next_step(doc)
+    doc["records"]["last_validation"] = {"outcome": "passed"}
+    assert next_step(doc) is None

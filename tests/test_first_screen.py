@@ -1,0 +1,80 @@
+"""`status`'s first screen answers 'what do I gain, what do I do' (report/summary.py), on real fixture roots:
+State, then Gain (measured when active; an estimate with its basis otherwise), Risk (not yet run on a GB10;
+validate), Next (one step); the internals (driver-source drift, the source cache) only with --verbose."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver.host import Host, intents
+from tests.support import sparkroot
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+ENV.pop("SPARK_MEMSAVER_CONFIG", None)
+
+
+def status(root, *args):
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), "status", *args],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert "Traceback" not in r.stderr
+    return r.stdout
+
+
+def first(text: str) -> dict:
+    rows = {}
+    for ln in text.split("\n\n", 1)[0].splitlines():
+        k, v = ln.split(":", 1)
+        rows[k] = v.strip()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    t = tmp_path_factory.mktemp("fs")
+    r = {"stock": sparkroot.make_spark_root(t / "stock"),
+         "unverified": sparkroot.make_spark_root(t / "unv", uvm_loaded="ours", ours_installed="580.142",
+                                                 secure_boot=True),
+         "active": sparkroot.make_spark_root(t / "active", uvm_loaded="ours", ours_installed="580.142"),
+         "rolled-back": sparkroot.make_spark_root(t / "rb")}
+    sparkroot.write(r["unverified"], f"/sys/firmware/efi/efivars/SecureBoot-{sparkroot.EFI_GLOBAL}",
+                    b"\x06\x00\x00\x00")
+    intents.write_rollback(Host(r["rolled-back"]), sparkroot.SPARK_KERNEL, "requested by the administrator",
+                           code="requested")
+    return r
+
+
+@pytest.mark.parametrize("state", ["stock", "unverified", "active", "rolled-back"])
+def test_first_screen_order_and_content(roots, state):
+    text = status(roots[state])
+    rows = first(text)
+    assert list(rows) == ["State", "Gain", "Risk", "Next"], text
+    assert rows["State"] == state
+    assert "not yet run on a GB10" in rows["Risk"] and "sudo spark-memsaver validate" in rows["Risk"]
+    if state == "active":
+        assert re.match(r"\d+\.\d\d GiB saved now \(measured", rows["Gain"]), rows
+        assert "sudo spark-memsaver validate" in rows["Next"]
+    else:
+        assert "estimate" in rows["Gain"] and "seed project" in rows["Gain"], rows
+    assert "Driver sources:" not in text and "Source cache:" not in text
+    assert "Saved:              n/a" not in text and "Page-table backing: n/a" not in text
+    verbose = status(roots[state], "--verbose")
+    assert "Driver sources:" in verbose and "Source cache:" in verbose
+
+
+def test_next_is_the_stock_nodes_install(roots):
+    assert "spark-memsaver install" in first(status(roots["stock"]))["Next"]
+
+
+def test_a_validated_active_node_says_so(roots, tmp_path):
+    from spark_memsaver.report.summary import next_step, risk
+    doc = {"state": "active", "findings": [], "config": {"tier": "leaf"},
+           "records": {"last_validation": {"outcome": "passed", "finished_at": "2026-12-01T10:00:00Z"}}}
+    assert risk(doc) == "validated on this node (2026-12-01T10:00:00Z)" and next_step(doc) is None
+    doc["config"]["tier"] = "256"
+    assert "tier 256 is not validated on hardware" in risk(doc)
