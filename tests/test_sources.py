@@ -255,7 +255,7 @@ def test_tampered_deb_is_refused_and_nothing_kept(tmp_path, repo):
         source_fetch.fetch(Host(root), cfg.Config(), V)
     assert "nothing was kept" in ei.value.message
     cache = root / paths.SOURCES_CACHE.lstrip("/")
-    assert [n for n in os.listdir(cache) if not n.startswith(".apt-index")] == []
+    assert [n for n in os.listdir(cache) if not n.startswith((".apt-index", ".dpkg-index"))] == []
 
 
 def test_verify_deb_against_lists_fields(tmp_path):
@@ -331,7 +331,7 @@ def test_prune_keeps_only_installed_drivers(tmp_path, repo):
     assert sorted(n for n in os.listdir(cache) if n.startswith("nvidia-")) == [f"nvidia-{V}"]
     (cache / ".staging-deadbeef").mkdir()                          # a killed fetch's leftover
     assert source_fetch.prune(host, set()) == {"removed": [V], "kept": []}
-    assert [n for n in os.listdir(cache) if not n.startswith(".apt-index")] == []
+    assert [n for n in os.listdir(cache) if not n.startswith((".apt-index", ".dpkg-index"))] == []
 
 
 # --- the plan step (act/steps.py -> act/source_fetch.run_step) and reconcile's pruning ---------------------

@@ -221,3 +221,34 @@ def test_status_uses_the_daemon_document_while_fresh_and_looks_itself_when_stale
         stop_process(daemon)
         bus.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+# --- the source lookup: dpkg's answer memoised by its status file, as APT's lists are by theirs ------------
+
+def test_installed_packages_are_memoised_by_dpkg_status(tmp_path):
+    from spark_memsaver.host import Host
+    from spark_memsaver.observe import sources
+
+    root = tmp_path / "root"
+    (root / "var/lib/dpkg/info").mkdir(parents=True)
+    (root / "var/cache/spark-memsaver").mkdir(parents=True)       # the package's cache directory
+    status = root / "var/lib/dpkg/status"
+    stanza = ("Package: {p}\nStatus: install ok installed\nPriority: optional\nSection: kernel\nArchitecture: arm64\n"
+              "Version: {v}\nMaintainer: x <x@example.org>\nDescription: d\n\n")
+    status.write_text(stanza.format(p="nvidia-kernel-common-580", v="580.142-0ubuntu0.24.04.1"))
+    host = Host(str(root))
+    ran = []
+    real = host.run
+    host.run = lambda argv, **kw: (ran.append(argv[0]), real(argv, **kw))[1]
+    want = {"nvidia-kernel-common-580": "580.142-0ubuntu0.24.04.1"}
+    assert sources.installed_packages(host) == want and ran == ["dpkg-query"]
+    assert sources.installed_packages(host) == want and ran == ["dpkg-query"]      # from the memo
+    status.write_text(status.read_text() + stanza.format(p="nvidia-kernel-source-580-open", v="580.142-0ubuntu1"))
+    got = sources.installed_packages(host)
+    assert ran == ["dpkg-query", "dpkg-query"] and got["nvidia-kernel-source-580-open"] == "580.142-0ubuntu1"
+    # a dpkg-query that fails is not memoised
+    status.write_text(status.read_text() + "\n")
+    host.run = lambda argv, **kw: (_ for _ in ()).throw(__import__("spark_memsaver.errors").errors.CommandFailed("x"))
+    assert sources.installed_packages(host) == {}
+    host.run = lambda argv, **kw: (ran.append(argv[0]), real(argv, **kw))[1]
+    assert sources.installed_packages(host) == got and ran.count("dpkg-query") == 3

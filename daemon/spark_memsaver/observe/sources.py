@@ -25,6 +25,7 @@ log = logging.getLogger("spark_memsaver.observe.sources")
 
 RECORD = ".spark-memsaver-source.json"      # inside each cached tree, published with it by one rename
 MEMO = ".apt-index.json"
+DPKG_MEMO = ".dpkg-index.json"
 APT_TIMEOUT = 60
 NVIDIA_PATTERNS = ("nvidia-kernel-common*", "nvidia-kernel-source*", "nvidia-open-kernel-*")
 
@@ -63,9 +64,9 @@ def _lists_key(host: Host) -> dict:
             "sources": [_mtime(host, "/etc/apt/sources.list"), _mtime(host, "/etc/apt/sources.list.d")]}
 
 
-def _memo(host: Host, key: dict, compute):
+def _memo(host: Host, key: dict, compute, name: str = MEMO):
     """compute() memoised under the cache directory (best effort: an unwritable cache just recomputes)."""
-    p = host.path(f"{paths.SOURCES_CACHE}/{MEMO}")
+    p = host.path(f"{paths.SOURCES_CACHE}/{name}")
     try:
         old = json.loads(p.read_text())
         if old.get("key") == key:
@@ -131,15 +132,25 @@ def package_record(host: Host, package: str, deb_version: str) -> dict | None:
 
 
 def installed_packages(host: Host) -> dict[str, str]:
-    """{package: version} of the NVIDIA kernel packages dpkg has installed (host's own dpkg database)."""
+    """{package: version} of the NVIDIA kernel packages dpkg has installed (host's own dpkg database), memoised
+    like the lists (keyed by dpkg's status file: dpkg replaces it on every change)."""
     if not host.path("/var/lib/dpkg/status").is_file() or host.runner.which("dpkg-query") is None:
         return {}
+    try:
+        st = host.path("/var/lib/dpkg/status").stat()
+    except OSError:
+        return {}
+    key = {"status": [st.st_mtime_ns, st.st_size, st.st_ino], "patterns": list(NVIDIA_PATTERNS)}
+    try:
+        return _memo(host, key, lambda: _dpkg_query(host), name=DPKG_MEMO)
+    except MemsaverError:   # dpkg-query missing or hung: nothing known (and nothing memoised)
+        return {}
+
+
+def _dpkg_query(host: Host) -> dict[str, str]:
     argv = ["dpkg-query"] + ([] if host.is_live else [f"--admindir={host.path('/var/lib/dpkg')}"]) + \
         ["-W", "-f=${Package}\t${Version}\t${db:Status-Status}\n", *NVIDIA_PATTERNS]
-    try:
-        r = host.run(argv, timeout=APT_TIMEOUT)
-    except MemsaverError:
-        return {}
+    r = host.run(argv, timeout=APT_TIMEOUT)
     out = {}
     for line in r.stdout.splitlines():   # rc 1 when a pattern matches nothing: the rest is still valid
         f = line.split("\t")
