@@ -13,7 +13,6 @@ import shutil
 import threading
 from pathlib import Path
 
-
 from spark_memsaver.errors import NotPermitted
 from spark_memsaver.host import Host
 from spark_memsaver.host import fsutil
@@ -164,8 +163,34 @@ def source_candidates(driver: str) -> list[str]:
             f"{SRC_ROOT}/nvidia-current-open-{driver}", f"{SRC_ROOT}/nvidia-current-{driver}", source_tree(driver)]
 
 
-def find_driver_source(host: Host, driver: str) -> str:
+def tree_problem(host: Host, src: str, driver: str) -> str | None:
+    """Why ``src`` is not a complete NVIDIA ``driver`` tree to build from, or None. The one completeness rule
+    (find_driver_source, act/source_fetch.present and its pruning; the DKMS build script checks the same)."""
     from spark_memsaver.act import patch as uvm_patch
+    try:                                    # (a missing directory is "not a directory" here)
+        v = uvm_patch.read_tree_version(host.path(src))
+    except uvm_patch.SourceTreeInvalid as e:
+        return f"{src} is damaged: {e.message}"
+    if v != driver:
+        return f"{src} holds NVIDIA {v}, not {driver}"
+    if not re.search(r"^NV_CONFTEST_", host.read_text(f"{src}/nvidia/nvidia.Kbuild") or "", re.M):
+        return f"{src} is damaged: nvidia/nvidia.Kbuild is missing or has no conftest lists"
+    for f in ("conftest.sh", "Makefile", "nvidia-uvm/uvm.c"):
+        p = host.path(f"{src}/{f}")
+        if not p.is_file() or p.stat().st_size == 0:
+            return f"{src} is damaged: {f} is missing or empty"
+    return None
+
+
+def complete_source(host: Host, driver: str, cache: bool = True) -> str | None:
+    """The first candidate (/usr/src first, then the cache unless ``cache`` is False) that is complete."""
+    return next((c for c in source_candidates(driver) if (cache or c != paths.source_tree(driver))
+                 and host.path(c).is_dir() and tree_problem(host, c, driver) is None), None)
+
+
+def find_driver_source(host: Host, driver: str) -> str:
+    """The first complete candidate (a leftover incomplete /usr/src/nvidia-<v> never hides a complete fetched
+    tree); DriverSourceCorrupt naming the first incomplete one if none is; DriverSourceMissing if none exists."""
     found = [c for c in source_candidates(driver) if host.path(c).is_dir()]
     if not found:
         major = driver.split(".", 1)[0]
@@ -175,22 +200,11 @@ def find_driver_source(host: Host, driver: str) -> str:
                                           f"it up: 'apt-cache policy nvidia-kernel-source-{major}-open' (Ubuntu) or "
                                           "'apt-cache policy nvidia-open-kernel-dkms' (Debian), and install that package at "
                                           f"the version it lists for {driver}."))
-    src = found[0]
-    try:
-        v = uvm_patch.read_tree_version(host.path(src))
-    except uvm_patch.SourceTreeInvalid as e:
-        raise DriverSourceCorrupt(f"{src} is damaged: {e.message}", source=src) from None
-    if v != driver:
-        raise DriverSourceCorrupt(f"{src} holds NVIDIA {v}, not {driver}", source=src)
-    kb = host.read_text(f"{src}/nvidia/nvidia.Kbuild") or ""
-    if not re.search(r"^NV_CONFTEST_", kb, re.M):
-        raise DriverSourceCorrupt(f"{src} is damaged: nvidia/nvidia.Kbuild is missing or has no conftest lists",
-                                  source=src)
-    for f in ("conftest.sh", "Makefile", "nvidia-uvm/uvm.c"):
-        p = host.path(f"{src}/{f}")
-        if not p.is_file() or p.stat().st_size == 0:
-            raise DriverSourceCorrupt(f"{src} is damaged: {f} is missing or empty", source=src)
-    return src
+    problems = [(c, tree_problem(host, c, driver)) for c in found]
+    good = next((c for c, why in problems if why is None), None)
+    if good is None:
+        raise DriverSourceCorrupt(problems[0][1], source=problems[0][0])
+    return good
 
 
 def _require_root(host: Host) -> None:

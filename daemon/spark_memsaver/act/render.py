@@ -15,7 +15,8 @@ from spark_memsaver.act import signing as sig
 from spark_memsaver.host import Host
 from spark_memsaver.observe.dkms import DKMS_TREE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, dkms_version_string, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.decide import policy
-from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _read_json, data_dir, log, sha256, source_candidates
+from spark_memsaver.act.dkms_run import (PATCH_ID, _depmod, _read_json, complete_source, data_dir, log, sha256,
+                                         source_candidates)
 
 
 def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
@@ -90,7 +91,8 @@ def recover_broken(host: Host, config) -> list[str]:
             repaired.append(ver)
             continue
         drv = parsed[0]
-        src = next((c for c in source_candidates(drv) if host.path(c).is_dir()), source_candidates(drv)[0])
+        src = complete_source(host, drv) or next((c for c in source_candidates(drv) if host.path(c).is_dir()),
+                                                  source_candidates(drv)[0])
         render(host, config, drv, src)
         repaired.append(ver)
         log.warning("re-created %s/%s-%s (it was deleted behind DKMS's back)", SRC_ROOT, PACKAGE, ver)

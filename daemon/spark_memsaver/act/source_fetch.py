@@ -62,12 +62,10 @@ def _remedy_for(chosen: dict) -> str | None:
 
 
 def present(host: Host, driver_version: str) -> str | None:
-    """The path of a usable tree of ``driver_version`` already on the host (/usr/src or the cache)."""
-    from spark_memsaver.act.dkms_run import source_candidates
-    for c in source_candidates(driver_version):
-        if host.exists(f"{c}/nvidia-uvm") and host.exists(f"{c}/Kbuild"):
-            return c
-    return None
+    """The path of a usable tree of ``driver_version`` already on the host (/usr/src or the cache): the one
+    find_driver_source would build from (the same completeness rule, act/dkms_run.tree_problem)."""
+    from spark_memsaver.act.dkms_run import complete_source
+    return complete_source(host, driver_version)
 
 
 def verify_deb(deb: Path, fields: dict) -> str:
@@ -254,9 +252,8 @@ def prune(host: Host, keep: set[str]) -> dict:
             continue
         shutil.rmtree(aside, ignore_errors=True)
         removed.append(e["driver"])
-    for name in host.listdir(paths.SOURCES_CACHE):
-        if name.startswith(".staging-"):
-            shutil.rmtree(host.path(f"{paths.SOURCES_CACHE}/{name}"), ignore_errors=True)
+    from spark_memsaver.host import staging
+    staging.sweep(host)
     return {"removed": removed, "kept": kept}
 
 
@@ -325,6 +322,8 @@ def prune_installed(host: Host, snap: dict | None) -> dict | None:
     for, so the pending record is consumed (a failed fetch left its rollback record; the daemon never loops on
     it); then keep the cached trees of the installed drivers only. Both are skipped while apt/dpkg runs (the
     installed set is changing); pruning also when a kernel's nvidia.ko cannot be read (its driver is unknown)."""
+    from spark_memsaver.host import staging
+    staging.sweep(host)     # a killed fetch's leftover, whatever else happens (the caller holds the lock)
     if not snap or _inside_apt(host):
         return None
     clear_pending(host)
@@ -333,9 +332,9 @@ def prune_installed(host: Host, snap: dict | None) -> dict | None:
     kernels = snap.get("kernels") or []
     if any((k.get("nvidia_selected") or {}).get("error") for k in kernels):
         return None
-    # a driver whose source package is installed now (/usr/src, found first by the build) needs no cached copy
-    from spark_memsaver.act.dkms_run import source_candidates
+    # a driver whose source package is installed now (/usr/src, found first by the build) needs no cached copy;
+    # a leftover there that the build would refuse (act/dkms_run.tree_problem) does not count
+    from spark_memsaver.act.dkms_run import complete_source
     keep = {v for v in osrc.installed_drivers(snap.get("driver") or {}, kernels)
-            if not any(host.exists(f"{c}/nvidia-uvm") and host.exists(f"{c}/Kbuild")
-                       for c in source_candidates(v) if c != paths.source_tree(v))}
+            if complete_source(host, v, cache=False) is None}
     return prune(host, keep)

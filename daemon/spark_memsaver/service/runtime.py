@@ -159,6 +159,8 @@ def serve(daemon) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         GLib.unix_signal_add(GLib.PRIORITY_HIGH, sig, daemon.stop)
     GLib.unix_signal_add(GLib.PRIORITY_HIGH, signal.SIGHUP, daemon.reload)
+    from spark_memsaver.host import staging
+    staging.sweep(daemon.host, lock=True)   # a fetch killed with the previous daemon left its staging directory
     GLib.idle_add(lambda: daemon.refresh_status("start") and False)
     try:
         daemon.loop.run()
