@@ -4,14 +4,16 @@ For each NVIDIA driver package of the hook's list: from the .deb APT is about to
 v3 line's action) its control fields (``dpkg-deb -f``), the kernel modules it ships under
 /lib/modules/<K>/ and the /usr/src/nvidia-* trees (``dpkg-deb -c``), and, when its Depends does not pin
 the driver, the version of each nvidia.ko it ships (``modinfo`` of the file read from ``dpkg-deb
---fsys-tarfile``); for a package APT removes, its installed file list (``dpkg-query -L``). Nothing is
+--fsys-tarfile``, streamed: tarfile reads the pipe as it comes, each wanted .ko goes straight to a temporary
+file, and at most :data:`MAX_TAR` bytes are read before it gives up -- nothing of the archive is held in
+memory, inside apt's own transaction); for a package APT removes, its installed file list (``dpkg-query -L``). Nothing is
 installed or unpacked on the system; no dpkg lock is taken. A fact that cannot be read is left out and
 the package counts as "driver unknown" (the door then removes, fail safe).
 """
 
 from __future__ import annotations
 
-import io
+import logging
 import os
 import re
 import tarfile
@@ -24,7 +26,27 @@ MODULE_RE = re.compile(r"^/?(?:\./)?(?:usr/)?lib/modules/([^/]+)/(\S+\.ko(?:\.(?
 NVIDIA_KO_RE = re.compile(r"(?:^|/)nvidia\.ko(?:\.(?:xz|zst|gz))?$")
 TREE_RE = re.compile(r"^/?(?:\./)?usr/src/(nvidia[^/]*)/?$")
 FIELDS = ("Package", "Version", "Depends", "Provides")
-MAX_TAR = 1 << 30          # never hold more than 1 GiB of a package's contents in memory
+MAX_TAR = 1 << 30          # never read more than 1 GiB of a package's contents
+log = logging.getLogger(__name__)
+
+
+class TarTooLarge(Exception):
+    pass
+
+
+class _Capped:
+    """A read-only file over ``raw`` that raises TarTooLarge once more than ``limit`` bytes were read."""
+
+    def __init__(self, raw, limit: int):
+        self.raw, self.limit, self.read_bytes = raw, limit, 0
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.limit + 1 - self.read_bytes if n is None or n < 0 else min(n, self.limit + 1 - self.read_bytes)
+        data = self.raw.read(max(want, 0)) if want > 0 else b""
+        self.read_bytes += len(data)
+        if self.read_bytes > self.limit:
+            raise TarTooLarge(f"more than {self.limit} bytes")
+        return data
 
 
 def _control(text: str) -> dict:
@@ -63,31 +85,43 @@ def _deb_path(host: Host, action: str) -> str | None:
     return next((c for c in cands if os.path.isfile(c)), None)
 
 
-def _modinfo_version(host: Host, data: bytes, name: str) -> str | None:
+def _modinfo_version(host: Host, member, name: str) -> str | None:
+    """modinfo's version of a tar member, copied in chunks to a temporary file (never whole in memory)."""
     suffix = "".join(re.findall(r"\.ko(?:\.\w+)?$", name)) or ".ko"
     with tempfile.NamedTemporaryFile(prefix="spark-memsaver-apt-", suffix=suffix) as f:
-        f.write(data)
+        while chunk := member.read(1 << 20):
+            f.write(chunk)
         f.flush()
         r = host.run(["modinfo", "-F", "version", f.name], timeout=30)
     v = r.stdout.strip() if r.ok else ""
     return v or None
 
 
-def nvidia_ko_versions(host: Host, deb: str, wanted: dict[str, str]) -> dict[str, str]:
-    """{kernel: version} of the nvidia.ko files ``wanted`` ({kernel: path}) inside ``deb``."""
-    r = host.run(["dpkg-deb", "--fsys-tarfile", deb], timeout=300, text=False)
-    if not r.ok or len(r.stdout) > MAX_TAR:
-        return {}
+def nvidia_ko_versions(host: Host, deb: str, wanted: dict[str, str], limit: int = MAX_TAR) -> dict[str, str]:
+    """{kernel: version} of the nvidia.ko files ``wanted`` ({kernel: path}) inside ``deb``; {} when the
+    archive cannot be read or holds more than ``limit`` bytes (the caller then counts the driver unknown)."""
     by_path = {p.lstrip("/"): k for k, p in wanted.items()}
-    out = {}
-    with tarfile.open(fileobj=io.BytesIO(r.stdout), mode="r:") as tf:
-        for m in tf:
-            name = m.name[2:] if m.name.startswith("./") else m.name.lstrip("/")
-            if name in by_path and m.isfile():
-                v = _modinfo_version(host, tf.extractfile(m).read(), name)
-                if v:
-                    out[by_path[name]] = v
-    return out
+    out: dict[str, str] = {}
+    with host.runner.stream(["dpkg-deb", "--fsys-tarfile", deb], timeout=300) as st:
+        capped = _Capped(st.stdout, limit)
+        try:
+            with tarfile.open(fileobj=capped, mode="r|") as tf:      # a stream: read once, front to back
+                for m in tf:
+                    name = m.name[2:] if m.name.startswith("./") else m.name.lstrip("/")
+                    if name in by_path and m.isfile():
+                        v = _modinfo_version(host, tf.extractfile(m), name)
+                        if v:
+                            out[by_path[name]] = v
+                        del by_path[name]
+                        if not by_path:
+                            break       # the rest of the archive is never read
+        except TarTooLarge:
+            log.warning("%s: its contents pass %d bytes: its nvidia.ko versions are not read", deb, limit)
+            return {}
+        except tarfile.TarError as e:
+            log.warning("%s: cannot read its contents: %s", deb, e)
+            return {}
+    return out          # each version came from a whole member (a torn archive raised above)
 
 
 def deb_facts(host: Host, deb: str) -> dict:

@@ -76,6 +76,17 @@ def _run_group(argv, input, timeout, env, cwd, text):
         return subprocess.CompletedProcess(argv, proc.poll(), out, err)
 
 
+@dataclass
+class Stream:
+    """What Runner.stream yields: ``stdout`` to read; the rest is set when the block ends."""
+    argv: list[str]
+    stdout: object
+    returncode: int | None = None
+    stderr: str = ""
+    seconds: float = 0.0
+    timed_out: bool = False
+
+
 class Runner:
     """Runs commands. Subclass or replace to stand in for the host (tests, fixture roots)."""
 
@@ -84,6 +95,51 @@ class Runner:
 
     def which(self, name: str) -> str | None:
         return _which(name, search_path())
+
+    @contextlib.contextmanager
+    def stream(self, argv: list[str], *, timeout: float = 60.0, env: dict[str, str] | None = None):
+        """Run ``argv`` with its stdout as a pipe the caller reads while it runs (binary), nothing held here:
+        for output that may be large (``dpkg-deb --fsys-tarfile``). Yields a :class:`Stream`; its
+        ``returncode`` and ``stderr`` (the last 4 KiB) are set once the block ends. Past ``timeout``, or when
+        the block ends before the output does, the whole process group is killed (the reader sees EOF)."""
+        import tempfile
+        import threading
+        argv = [str(a) for a in argv]
+        exe = argv[0] if os.sep in argv[0] else self.which(argv[0])
+        if exe is None:
+            raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
+        full_env = dict(os.environ, **(self.env or {}), **(env or {}))
+        full_env.setdefault("LC_ALL", "C.UTF-8")
+        full_env["PATH"] = search_path(full_env.get("PATH", ""))
+        t0 = time.monotonic()
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=err, env=full_env, start_new_session=True)
+            except FileNotFoundError:
+                raise CommandNotFound(f"'{argv[0]}' is not installed",
+                                      remedy=f"Install the package that provides {argv[0]}.") from None
+
+            def kill():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            timer = threading.Timer(timeout, kill)
+            timer.daemon = True
+            timer.start()
+            out = Stream(argv, proc.stdout)
+            try:
+                yield out
+            finally:
+                timer.cancel()
+                if proc.poll() is None:
+                    kill()
+                proc.stdout.close()
+                out.returncode = proc.wait()
+                err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))
+                out.stderr = err.read().decode(errors="replace")
+                out.seconds = time.monotonic() - t0
+                out.timed_out = out.seconds >= timeout
+                log.debug("rc=%d %.3fs (streamed): %s", out.returncode, out.seconds, " ".join(argv))
 
     def run(self, argv: list[str], *, timeout: float = 60.0, input: str | bytes | None = None,
             check: bool = False, env: dict[str, str] | None = None, cwd: str | None = None,
