@@ -9,6 +9,10 @@
 - :class:`DenialLog` rate-limits what denials write to the log (defect 10): the first denial of a sender is
   logged, the rest of an interval are counted and summed up in one line per sender per interval; the table
   of senders is bounded.
+- :class:`ReadLimiter`: the open reads (``GetStatus``, ``GetHistory``, ``GetHistorySince``, ``GetJob``) cost
+  main-loop time (a history reply ~11 ms at the defaults); each sender (unique name) gets a token bucket of
+  ``READ_BURST`` calls refilled at ``READ_RATE`` a second, uid 0 is not limited, the table is bounded. One
+  more call is refused at once with :class:`RateLimited` (logged like a denial: once, then summed up).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from spark_memsaver.service import names
 
 log = logging.getLogger("spark_memsaver.dbus")
 
+READ_RATE = 5.0           # open reads per second and sender, sustained
+READ_BURST = 20           # ... and at once
 MAX_PENDING_POLKIT = 16
 MAX_PENDING_IDENTIFY = 64
 UID_CACHE = 256
@@ -36,6 +42,40 @@ class TooManyAuthorizations(Busy):
     code = "too-many-authorizations"
     remedy = ("polkitd is slow to answer; retry in a few seconds, or run the command as root. "
               "'systemctl status polkit' shows whether it hangs.")
+
+
+class RateLimited(Busy):
+    code = "rate-limited"
+    remedy = (f"Call the daemon's reads at most {READ_RATE:.0f} times a second (bursts of {READ_BURST}), or "
+              "watch the PropertiesChanged and JobFinished signals instead of polling.")
+
+
+class ReadLimiter:
+    """Token buckets per sender; ``allow(sender, uid)`` spends one token or says no. ``clock`` injectable."""
+
+    def __init__(self, rate: float = READ_RATE, burst: int = READ_BURST, max_senders: int = 1024,
+                 clock=time.monotonic):
+        self.rate, self.burst, self.max_senders, self.clock = rate, burst, max_senders, clock
+        self._b: collections.OrderedDict[str, list] = collections.OrderedDict()   # sender -> [tokens, t]
+
+    def allow(self, sender: str | None, uid) -> bool:
+        if uid == 0:
+            return True
+        now = self.clock()
+        key = sender or ""
+        b = self._b.get(key)
+        if b is None:
+            b = self._b[key] = [float(self.burst), now]
+            while len(self._b) > self.max_senders:      # the oldest sender forgets its debt: bounded memory
+                self._b.popitem(last=False)
+        else:
+            self._b.move_to_end(key)
+        b[0] = min(float(self.burst), b[0] + (now - b[1]) * self.rate)
+        b[1] = now
+        if b[0] < 1.0:
+            return False
+        b[0] -= 1.0
+        return True
 
 
 class Caller:

@@ -202,8 +202,15 @@ class Daemon:
             self.refresh_status("stale on GetStatus")
         return json.dumps(doc if full else redact.document(doc))
 
-    def history_json(self) -> str:
-        return json.dumps(self.monitor.samples() if self.monitor else [])
+    def history_json(self, since: float | None = None, limit: int | None = None) -> str:
+        """The newest ``limit`` samples at or after ``since``, oldest first; only those are unpacked."""
+        from spark_memsaver.service.monitor import unpack
+        rows = []
+        for r in reversed(self.monitor.history if self.monitor else ()):
+            if (limit is not None and len(rows) >= limit) or (since is not None and (r[0] or 0) < since):
+                break
+            rows.append(unpack(r))
+        return json.dumps(rows[::-1])
 
     def job_json(self, job_id: int, full: bool = True) -> str:
         from spark_memsaver.service.jobs import KEEP_FINISHED

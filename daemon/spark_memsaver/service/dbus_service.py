@@ -18,7 +18,7 @@ import re
 
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.service import auth, checks, names
-from spark_memsaver.service.auth import Caller, NotAuthorized, TooManyAuthorizations  # noqa: F401
+from spark_memsaver.service.auth import Caller, NotAuthorized, RateLimited, TooManyAuthorizations  # noqa: F401
 from spark_memsaver.service.checks import InvalidArgument, check_options, check_password  # noqa: F401
 
 log = logging.getLogger("spark_memsaver.dbus")
@@ -45,6 +45,7 @@ INTROSPECTION = f"""<node>
     {"".join(_prop(n, s) for n, s in PROPERTIES.items() if n != "Version")}
     <method name="GetStatus"><arg name="status_json" type="s" direction="out"/></method>
     <method name="GetHistory"><arg name="samples_json" type="s" direction="out"/></method>
+    <method name="GetHistorySince"><arg name="since" type="d" direction="in"/><arg name="limit" type="u" direction="in"/><arg name="samples_json" type="s" direction="out"/></method>
     <method name="GetJob"><arg name="job_id" type="u" direction="in"/><arg name="job_json" type="s" direction="out"/></method>
     <method name="Build"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
     <method name="Install"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
@@ -73,6 +74,9 @@ class NotFound(MemsaverError):
 _MARK = "_spark_memsaver_action"
 _PUBLIC = object()
 AUTHORIZER: auth.Authorizer | None = None
+READS = auth.ReadLimiter()
+HISTORY_DEFAULT = 1440    # samples in a GetHistory reply (24 h at the default interval), newest first kept
+HISTORY_MAX = 10000       # at most this many in a GetHistorySince reply (~3 MB of JSON)
 
 
 def public(fn):
@@ -113,6 +117,13 @@ def _wrap(name, impl, action, out_sig):
         def done(caller, err):
             if err is not None:
                 reply_error(invocation, name, err, logged=not isinstance(err, (NotAuthorized, TooManyAuthorizations)))
+                return
+            if action is _PUBLIC and not READS.allow(caller.sender, caller.uid):
+                if AUTHORIZER is not None:
+                    AUTHORIZER._denied(caller.sender, caller.uid, f"{name} (rate limited)")
+                reply_error(invocation, name, RateLimited(
+                    f"{name}: more than {auth.READ_BURST} reads at once or {auth.READ_RATE:.0f} a second from "
+                    f"{caller.sender}"), logged=False)
                 return
             try:
                 result = impl(self, *args, caller=caller)
@@ -156,7 +167,17 @@ class Manager:
 
     @public
     def GetHistory(self, *, caller):
-        return self._core.history_json()
+        """The newest HISTORY_DEFAULT samples (the reply is bounded whatever history_size is)."""
+        return self._core.history_json(limit=HISTORY_DEFAULT)
+
+    @public
+    def GetHistorySince(self, since, limit, *, caller):
+        """Samples at or after ``since`` (epoch seconds; 0: all), the newest ``limit`` of them (0: the
+        default, at most HISTORY_MAX)."""
+        if since != since or since in (float("inf"), float("-inf")):
+            raise InvalidArgument(f"GetHistorySince: since must be a finite time in seconds, not {since}")
+        limit = HISTORY_DEFAULT if limit == 0 else min(int(limit), HISTORY_MAX)
+        return self._core.history_json(since=since if since > 0 else None, limit=limit)
 
     @public
     def GetJob(self, job_id, *, caller):
