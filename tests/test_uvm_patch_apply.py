@@ -318,7 +318,8 @@ def test_patches_are_hooks_only():
     """A patch carries our lines and context, never a whole vendor file (small, few hunks)."""
     for p in (REPO / "uvm_patch/patches").rglob("*.patch"):
         text = p.read_text()
-        assert text.count("\n@@ ") + text.startswith("@@ ") <= 8, p
+        # 9: include, pt_pack_tag field, pool field, free hook, glue, alloc hook, init, deinit, Kbuild
+        assert text.count("\n@@ ") + text.startswith("@@ ") <= 9, p
         assert sum(1 for l in text.splitlines() if l.startswith(" ")) < 60, p
 
 

@@ -8,7 +8,9 @@ reuse, counters text vs. recomputed truth, empty pools at deinit).
 Variants: ASan+UBSan unit checks and a random-op driver (10^6 ops per page size), a
 multi-threaded stress under TSan, a short libFuzzer run (clang), and five deliberately broken
 allocators (-DUVM_PT_PACK_FAULT_INJECT=n) that the checker must reject. `fatal-teardown` covers a tree
-torn down after a UVM fatal error (expect_empty false: no WARN, one rate-limited line, pages leaked). The full 10^7-op run is
+torn down after a UVM fatal error (expect_empty false: no WARN, one rate-limited line, pages leaked and moved to
+the leaked_* counters). `recycle` replays stale, double and wrong-pool frees with an allocator that hands the
+last released page and DMA address back, as the buddy allocator and the IOVA cache do. The full 10^7-op run is
 tests/harness/run-fuzz.sh (figures in uvm_patch/README.md).
 """
 
@@ -83,6 +85,17 @@ def test_unit_checks_under_asan_ubsan(asan, shift):
     assert "WARNING" not in proc.stderr  # quiet mode: the expected warning is counted, not printed
     proc = _run([exe, "fatal-teardown"])
     assert proc.returncode == 0 and "fatal-teardown: ok" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("shift", SHIFTS)
+def test_bad_frees_with_recycled_pages(asan, shift):
+    """Recycle mode: put() keeps the page and get() hands it back with the same DMA address (the buddy allocator's
+    and the IOVA cache's LIFO reuse). Double free after release, stale free into the recycled page (same pool,
+    another pool, a reused slot), wrong-pool free and an untagged free of a pool page: each WARNs exactly once,
+    never reaches NVIDIA's __free_pages (the pool returns true), nothing is put, live tables stay intact."""
+    proc = _run([BUILD / f"asan-{shift}" / "pt_harness", "recycle"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"recycle: page_size={1 << shift} bad_frees=7 ok" in proc.stdout
 
 
 def test_default_tier_comes_from_build_flag(asan):

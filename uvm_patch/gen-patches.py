@@ -77,9 +77,39 @@ static void pt_pack_put_page(void *ctx, struct page *page, u64 gpu_addr)
     __free_pages(page, 0);
 }
 
+// Runs fn (the pool's descriptor and ownership-entry allocation) charged where
+// phys_mem_allocate_sysmem() charges the backing page: in the memcg of the
+// va_space's mm for a user tree, nowhere for the kernel tree.
+static int pt_pack_charged(void *ctx, int (*fn)(void *arg, gfp_t gfp), void *arg)
+{
+    uvm_page_tree_t *tree = ctx;
+    uvm_memcg_context_t memcg_context;
+    uvm_va_space_t *va_space = NULL;
+    struct mm_struct *mm = NULL;
+    int ret;
+
+    if (tree->type == UVM_PAGE_TREE_TYPE_USER &&
+        tree->gpu_va_space &&
+        UVM_CGROUP_ACCOUNTING_SUPPORTED()) {
+        va_space = tree->gpu_va_space->va_space;
+        mm = uvm_va_space_mm_retain(va_space);
+        if (mm)
+            uvm_memcg_context_start(&memcg_context, mm);
+    }
+
+    ret = fn(arg, mm ? GFP_KERNEL | __GFP_ACCOUNT : GFP_KERNEL);
+
+    if (mm) {
+        uvm_memcg_context_end(&memcg_context);
+        uvm_va_space_mm_release(va_space);
+    }
+    return ret;
+}
+
 static const struct uvm_pt_pack_ops pt_pack_ops = {
     .get = pt_pack_get_page,
     .put = pt_pack_put_page,
+    .charged = pt_pack_charged,
 };
 
 static bool pt_pack_dev_is_dma_coherent(struct pci_dev *pci_dev)
@@ -120,12 +150,13 @@ static NV_STATUS pt_pack_allocate(uvm_page_tree_t *tree,
 {
     struct page *page;
     u64 gpu_addr;
+    u32 tag;
     int ret;
 
     if (!uvm_pt_pack_active(&tree->pt_pack))
         return NV_WARN_NOTHING_TO_DO;
 
-    ret = uvm_pt_pack_alloc(&tree->pt_pack, depth, size, &page, &gpu_addr);
+    ret = uvm_pt_pack_alloc(&tree->pt_pack, depth, size, &page, &gpu_addr, &tag);
     if (ret == UVM_PT_PACK_NOT_PACKED)
         return NV_WARN_NOTHING_TO_DO;
     if (ret < 0)
@@ -135,6 +166,7 @@ static NV_STATUS pt_pack_allocate(uvm_page_tree_t *tree,
     out->handle.page = page;
     out->addr = uvm_gpu_phys_address(UVM_APERTURE_SYS, gpu_addr);
     out->size = size;
+    out->pt_pack_tag = tag;
     return NV_OK;
 }
 """
@@ -166,8 +198,11 @@ def edit_mmu_c(text: str, br: Branch) -> str:
     text = text[:i] + (
         "\n"
         "    // spark-memsaver: a packed slot goes back to its tree's pool (GPU-idle\n"
-        "    // after the tracker wait above); anything else takes NVIDIA's path.\n"
-        "    if (uvm_pt_pack_free(&tree->pt_pack, ptr->handle.page, ptr->addr.address, ptr->size))\n"
+        "    // after the tracker wait above); so does any free the pool cannot match\n"
+        "    // to a live table of its own (it WARNs and keeps the page). Only\n"
+        "    // NVIDIA's own tables take NVIDIA's path.\n"
+        "    if (uvm_pt_pack_free(&tree->pt_pack, ptr->handle.page, ptr->addr.address, ptr->size,\n"
+        "                         ptr->pt_pack_tag))\n"
         "        return;\n"
         "\n") + text[i:]
 
@@ -177,7 +212,7 @@ def edit_mmu_c(text: str, br: Branch) -> str:
     end = text.index("\n}\n", dealloc) + len("\n}\n")
     glue = GLUE.replace("@UNMAP@", br.unmap_fn).replace(
         "@INTEGRATED@", "gpu->parent->is_integrated_gpu ? 1 : 0" if br.has_integrated
-        else "-1, // no is_integrated_gpu before 575 (nor any GB10 support)")
+        else "-1, // no is_integrated_gpu before 575: never packed (integrated_unknown)")
     text = text[:end] + glue + text[end:]
 
     # 3. allocate hook in allocate_directory() (the only caller that knows the depth).
@@ -185,7 +220,8 @@ def edit_mmu_c(text: str, br: Branch) -> str:
     new = ("    // spark-memsaver: a slot of a shared backing page when this tree packs.\n"
            "    status = pt_pack_allocate(tree, depth, phys_alloc_size, &dir->phys_alloc);\n"
            "    if (status == NV_WARN_NOTHING_TO_DO)\n"
-           "        status = phys_mem_allocate(tree, phys_alloc_size, tree->location, pmm_flags, &dir->phys_alloc);\n")
+           "        status = phys_mem_allocate(tree, phys_alloc_size, tree->location, pmm_flags,\n"
+           "                                   &dir->phys_alloc);\n")
     _once(text, old, "allocate_directory")
     text = text.replace(old, new)
 
@@ -213,6 +249,11 @@ def edit_mmu_c(text: str, br: Branch) -> str:
 
 def edit_mmu_h(text: str, br: Branch) -> str:
     text = _insert_after(text, '#include "uvm_test_ioctl.h"\n', '#include "uvm_pt_pack.h"\n', "uvm_mmu.h include")
+    text = _insert_after(text, "        uvm_gpu_chunk_t *chunk;\n    } handle;\n",
+                         "\n    // spark-memsaver: the pool's tag of a packed table (uvm_pt_pack_alloc()),\n"
+                         "    // 0 for a table of NVIDIA's path. Stale and double frees of packed tables\n"
+                         "    // are caught by it even after their page was recycled.\n"
+                         "    NvU32 pt_pack_tag;\n", "uvm_mmu_page_table_alloc_t")
     text = _insert_after(text, "    bool location_sys_fallback;\n",
                          "\n    // spark-memsaver: pool packing this tree's small tables into shared\n"
                          "    // backing pages (uvm_pt_pack.h). All-zero (memset in init) = inactive.\n"

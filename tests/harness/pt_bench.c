@@ -17,6 +17,7 @@ struct ptb_table {
 	int packed;
 	struct page *page;
 	u64 addr;
+	u32 tag;
 	u32 size;
 };
 
@@ -113,7 +114,7 @@ long ptb_alloc(int pool, unsigned int depth, unsigned int size)
 	memset(t, 0, sizeof(*t));
 	t->pool = pool;
 	t->size = size;
-	r = uvm_pt_pack_alloc(pools[pool], depth, size, &t->page, &t->addr);
+	r = uvm_pt_pack_alloc(pools[pool], depth, size, &t->page, &t->addr, &t->tag);
 	if (r < 0) {
 		t->pool = -1;
 		freeh[nfreeh++] = h;
@@ -132,7 +133,7 @@ int ptb_free(long h)
 
 	if (h < 0 || h >= ntabs || t->pool < 0)
 		return -EINVAL;
-	packed = uvm_pt_pack_free(pools[t->pool], t->page, t->addr, t->size);
+	packed = uvm_pt_pack_free(pools[t->pool], t->page, t->addr, t->size, t->tag);
 	if (packed != !!t->packed)
 		return -EIO;
 	if (!t->packed)

@@ -6,6 +6,7 @@
  *   pt_harness unit                      deterministic unit checks
  *   pt_harness fuzz  OPS SEED            random-op driver (single thread)
  *   pt_harness stress OPS SEED THREADS   multi-threaded stress (run under TSan)
+ *   pt_harness recycle                   stale/double/wrong-pool frees with recycled pages
  *   (pt_fuzz: the same engine driven by libFuzzer input bytes)
  *
  * The checker keeps its own model of every live table and backing page and
@@ -100,6 +101,8 @@ struct table {
 	struct page *page;
 	u64 addr;
 	struct bpage *bp;           /* packed only */
+	u32 tag;                    /* the pool's tag (0: NVIDIA's path) */
+	bool whole;                 /* a whole page from get(), freed by NVIDIA's path */
 	u8 pattern;
 };
 
@@ -107,6 +110,7 @@ struct tree {
 	struct uvm_pt_pack_pool pool;
 	pthread_mutex_t lock;       /* stands in for tree->lock */
 	bool used;
+	bool user;                  /* a user tree: charged to its own memcg (idx + 100) */
 	int tier;                   /* effective tier: OFF unless the predicate matched */
 	enum uvm_pt_pack_reason reason;
 	int idx;
@@ -123,6 +127,11 @@ static bool mt_mode;                 /* stress: relax checks that need quiescenc
 static long ops_done;
 static const char *last_reason_truth = "none";   /* model of unpacked_reason */
 static long pages_live_model;        /* alive bpages */
+static long long bad_frees_model, whole_model, leaked_tables_model, leaked_pages_model;
+/* recycle mode: put() keeps the page and get() hands the last one back with its address */
+static bool recycle;
+static struct page *recycled_page;
+static u64 recycled_base;
 
 /* Live-table registry (single-threaded engine). */
 static struct table live[MAX_TABLES];
@@ -142,14 +151,27 @@ static int get_cb(void *ctx, struct page **page, u64 *gpu_addr)
 	}
 	pthread_mutex_unlock(&bk);
 
-	p = alloc_page(GFP_KERNEL | __GFP_ZERO);   /* NVIDIA: alloc_pages(__GFP_ZERO | ...) */
+	pthread_mutex_lock(&bk);
+	p = recycled_page;   /* the buddy allocator and the IOVA cache hand the same page and address back */
+	recycled_page = NULL;
+	pthread_mutex_unlock(&bk);
+	if (p) {
+		memset(p->virt, 0, PAGE_SIZE);   /* __GFP_ZERO */
+		p->private = 0;
+	} else {
+		p = alloc_page(GFP_KERNEL | __GFP_ZERO);   /* NVIDIA: alloc_pages(__GFP_ZERO | ...) */
+	}
 	bp = calloc(1, sizeof(*bp));
 	if (!p || !bp)
 		fail("harness", "out of memory");
 	pthread_mutex_lock(&bk);
 	bp->page = p;
-	bp->base = next_base + base_misalign;
-	next_base += PAGE_SIZE;
+	if (p->harness == (void *)&recycled_base) {
+		bp->base = recycled_base;
+	} else {
+		bp->base = next_base + base_misalign;
+		next_base += PAGE_SIZE;
+	}
 	bp->tree = t->idx;
 	bp->cls = -1;
 	bp->alive = true;
@@ -185,11 +207,53 @@ static void put_cb(void *ctx, struct page *page, u64 gpu_addr)
 	pages_live_model--;
 	pthread_mutex_unlock(&bk);
 	page->harness = NULL;
-	__free_page(page);
 	free(bp);
+	if (recycle) {
+		pthread_mutex_lock(&bk);
+		if (recycled_page)
+			__free_page(recycled_page);
+		recycled_page = page;
+		recycled_base = gpu_addr;
+		page->harness = (void *)&recycled_base;
+		pthread_mutex_unlock(&bk);
+		return;
+	}
+	__free_page(page);
 }
 
-static const struct uvm_pt_pack_ops ops = { .get = get_cb, .put = put_cb };
+/*
+ * What the hook does: run fn in the memcg that get() charges pages to (the
+ * va_space mm's memcg for a user tree: here memcg idx + 100) with
+ * __GFP_ACCOUNT; for the kernel tree, uncharged.
+ */
+static int charged_cb(void *ctx, int (*fn)(void *arg, gfp_t gfp), void *arg)
+{
+	struct tree *t = ctx;
+	int old = shim_active_memcg, r;
+
+	if (!t->user)
+		return fn(arg, GFP_KERNEL);
+	shim_active_memcg = t->idx + 100;
+	r = fn(arg, GFP_KERNEL | __GFP_ACCOUNT);
+	shim_active_memcg = old;
+	return r;
+}
+
+static const struct uvm_pt_pack_ops ops = { .get = get_cb, .put = put_cb, .charged = charged_cb };
+
+/* A freed-page stand-in for "NVIDIA's path freed this whole-page table". Caller holds nothing. */
+static void nvidia_free_whole(struct table *tb)
+{
+	struct bpage *bp = tb->page->harness;
+
+	pthread_mutex_lock(&bk);
+	CHECK(bp && !bp->alive, "whole page", "whole-page table %u not NVIDIA's", tb->id);
+	n_puts++;
+	pthread_mutex_unlock(&bk);
+	tb->page->harness = NULL;
+	free(bp);
+	__free_page(tb->page);
+}
 
 static unsigned int expect_align(int tier, u32 size)
 {
@@ -241,6 +305,7 @@ static void tree_init(int i, const struct uvm_pt_pack_facts *f)
 	pthread_mutex_init(&t->lock, NULL);
 	t->idx = i;
 	t->used = true;
+	t->user = f->user_tree;
 	t->reason = uvm_pt_pack_tree_init(&t->pool, f, &ops, t);
 	CHECK(t->reason == uvm_pt_pack_check(f), "predicate", "tree_init reason differs from check");
 	t->tier = t->reason == UVM_PT_PACK_OK ? f->tier : UVM_PT_PACK_TIER_OFF;
@@ -306,7 +371,8 @@ static int do_alloc(struct tree *t, unsigned int depth, u32 size, struct table *
 {
 	struct page *page = NULL;
 	u64 addr = 0;
-	int r = uvm_pt_pack_alloc(&t->pool, depth, size, &page, &addr);
+	u32 tag = 0;
+	int r = uvm_pt_pack_alloc(&t->pool, depth, size, &page, &addr, &tag);
 
 	memset(tb, 0, sizeof(*tb));
 	tb->tree = t->idx;
@@ -322,10 +388,26 @@ static int do_alloc(struct tree *t, unsigned int depth, u32 size, struct table *
 		tb->id = next_id++;
 	tb->pattern = (u8)(tb->id * 37 + 1) | 1;
 	pthread_mutex_unlock(&bk);
-	if (r == 0) {
+	if (r == 0 && tag == 0) {
+		/* no memory for the descriptor: the whole page, as NVIDIA's path makes it */
+		struct bpage *bp = page->harness;
+
+		pthread_mutex_lock(&bk);
+		CHECK(bp && bp->alive && bp->cls < 0 && addr == bp->base, "whole page",
+		      "untagged table %u is not a fresh whole page", tb->id);
+		bp->alive = false;     /* NVIDIA's now, not the pool's */
+		bp_reg_del(bp);
+		pages_live_model--;
+		whole_model++;
+		pthread_mutex_unlock(&bk);
+		tb->whole = true;
+		tb->page = page;
+		tb->addr = addr;
+	} else if (r == 0) {
 		tb->packed = true;
 		tb->page = page;
 		tb->addr = addr;
+		tb->tag = tag;
 		pthread_mutex_lock(&bk);
 		model_add(tb, t);
 		pthread_mutex_unlock(&bk);
@@ -364,10 +446,14 @@ static void do_free(struct tree *t, struct table *tb)
 	pthread_mutex_lock(&t->lock);
 	/* (NVIDIA: uvm_tracker_wait() here, then the hook) */
 	puts_before = mt_mode ? 0 : n_puts;
-	was_packed = uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size);
-	if (!tb->packed) {
-		free(tb->page->virt);        /* NVIDIA's path */
-		free(tb->page);
+	was_packed = uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size, tb->tag);
+	if (!tb->packed && !was_packed) {
+		if (tb->whole) {
+			nvidia_free_whole(tb);
+		} else {
+			free(tb->page->virt);        /* NVIDIA's path */
+			free(tb->page);
+		}
 	}
 	pthread_mutex_unlock(&t->lock);
 	CHECK(was_packed == tb->packed, "routing", "free of table %u: packed=%d, pool said %d",
@@ -391,6 +477,7 @@ static const char *const stat_keys[] = {
 	"c256_tables", "c256_pages", "c256_backing_bytes", "c256_stock_bytes", "c256_saved_bytes",
 	"c4096_tables", "c4096_pages", "c4096_backing_bytes", "c4096_stock_bytes", "c4096_saved_bytes",
 	"backing_bytes", "stock_bytes", "saved_bytes",
+	"leaked_tables", "leaked_pages", "leaked_bytes", "bad_frees", "whole_page_tables",
 };
 #define NKEYS (sizeof(stat_keys) / sizeof(stat_keys[0]))
 
@@ -417,6 +504,7 @@ static void read_stats(long long *v, char *tier, char *reason)
 			char *end;
 			v[k] = strtoll(val, &end, 10);
 			CHECK(*end == 0, "counters", "value of %s is '%s'", key, val);
+			CHECK(v[k] >= 0, "negative", "%s %lld", key, v[k]);
 		}
 	}
 	CHECK(k == NKEYS, "counters", "%u lines, want %zu", k, NKEYS);
@@ -476,6 +564,11 @@ static void check_counters(void)
 	CHECK(v[16] == (pages[0] + pages[1]) * (long long)PAGE_SIZE, "counters", "backing_bytes");
 	CHECK(v[17] == (tables[0] + tables[1]) * (long long)PAGE_SIZE, "counters", "stock_bytes");
 	CHECK(v[18] == v[17] - v[16], "counters", "saved_bytes");
+	CHECK(v[19] == leaked_tables_model && v[20] == leaked_pages_model &&
+	      v[21] == leaked_pages_model * (long long)PAGE_SIZE, "counters", "leaked %lld/%lld/%lld",
+	      v[19], v[20], v[21]);
+	CHECK(v[22] == bad_frees_model, "counters", "bad_frees %lld, want %lld", v[22], bad_frees_model);
+	CHECK(v[23] == whole_model, "counters", "whole_page_tables %lld, want %lld", v[23], whole_model);
 }
 
 /* --------------------------------------------------------------- engine */
@@ -528,7 +621,7 @@ static void random_facts(struct src *s, struct uvm_pt_pack_facts *f)
 		case 2: f->has_pci_dev = false; break;
 		case 3: f->no_vidmem = false; break;
 		case 4: f->integrated = 0; break;
-		case 5: f->integrated = -1; break;   /* branch without is_integrated_gpu: still packs */
+		case 5: f->integrated = -1; break;   /* branch without is_integrated_gpu: not packed */
 		case 6: f->sysmem_tree = false; break;
 		case 7: f->dma_coherent = false; break;
 		case 8: f->page_size = PAGE_SIZE * 2; break;
@@ -617,9 +710,13 @@ static void engine_run(struct src *s, long max_ops)
 			}
 		} else if (op < 940) {
 			/* get() failure: -ENOMEM unless a partial page had a free slot */
-			get_fail_next = 1;
+			if (r & 0x100000)
+				get_fail_next = 1;
+			else
+				shim_xa_fail_next = 1;   /* no memory to record a fresh page */
 			engine_alloc(s, r);
 			get_fail_next = 0;
+			shim_xa_fail_next = 0;
 		} else if (op < 990) {
 			check_counters();
 		} else if (op < 996) {
@@ -796,7 +893,9 @@ static void unit_predicate(void)
 	EXPECT_REASON((f.tier = 2, f.has_pci_dev = false), UVM_PT_PACK_R_NO_PCI_DEV);
 	EXPECT_REASON((f.tier = 2, f.no_vidmem = false), UVM_PT_PACK_R_HAS_VIDMEM);
 	EXPECT_REASON((f.tier = 2, f.integrated = 0), UVM_PT_PACK_R_NOT_INTEGRATED);
-	EXPECT_REASON((f.tier = 2, f.integrated = -1), UVM_PT_PACK_OK);
+	/* a branch that cannot tell an integrated GPU from a discrete one without a framebuffer */
+	EXPECT_REASON((f.tier = 2, f.integrated = -1), UVM_PT_PACK_R_INTEGRATED_UNKNOWN);
+	EXPECT_REASON((f.tier = UVM_PT_PACK_TIER_LEAF, f.integrated = -1), UVM_PT_PACK_R_INTEGRATED_UNKNOWN);
 	EXPECT_REASON((f.tier = 2, f.sysmem_tree = false), UVM_PT_PACK_R_NOT_SYSMEM);
 	EXPECT_REASON((f.tier = 2, f.dma_coherent = false), UVM_PT_PACK_R_NOT_COHERENT);
 	EXPECT_REASON((f.tier = 2, f.page_size = 2 * PAGE_SIZE), UVM_PT_PACK_R_PAGE_SIZE);
@@ -807,6 +906,8 @@ static void unit_predicate(void)
 	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_R_NOT_COHERENT), "not_coherent"), "predicate", "token");
 	CHECK(!strcmp(uvm_pt_pack_reason_str(99), "unknown"), "predicate", "token");
 	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_R_KERNEL_TREE), "kernel_tree"), "predicate", "token");
+	CHECK(!strcmp(uvm_pt_pack_reason_str(UVM_PT_PACK_R_INTEGRATED_UNKNOWN), "integrated_unknown"), "predicate",
+	      "token");
 }
 
 static void unit_params(void)
@@ -821,7 +922,15 @@ static void unit_params(void)
 	CHECK(shim_param_perm("uvm_pt_pack_stats") == 0444, "params", "stats perm");
 	CHECK(shim_param_get("uvm_pt_pack", buf, sizeof(buf)) > 0, "params", "get");
 	CHECK(atoi(buf) == UVM_PT_PACK_DEFAULT_EXPECT, "params", "default tier %s", buf);
-	CHECK(shim_param_set("uvm_pt_pack_stats", "1") == -EPERM, "params", "stats writable");
+	{
+		long e0 = shim_pr_err_count;
+
+		shim_warn_quiet = 1;
+		/* a value for the read-only counters is logged and ignored: the module still loads */
+		CHECK(shim_param_set("uvm_pt_pack_stats", "1") == 0, "params", "uvm_pt_pack_stats=1 fails the load");
+		shim_warn_quiet = 0;
+		CHECK(shim_pr_err_count - e0 == 1, "params", "uvm_pt_pack_stats=1 not logged");
+	}
 
 	shim_param_set("uvm_pt_pack", "2");
 	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_256, "params", "tier 2");
@@ -834,21 +943,41 @@ static void unit_params(void)
 	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_LEAF, "params", "tier 3");
 	read_stats(v, tier, reason);
 	CHECK(!strcmp(tier, "leaf"), "counters", "tier %s", tier);
-	/* out of range: rejected with a log line, the previous value stays */
+	/* names, as the description and the stats print them, and numbers */
 	{
-		static const char *const bad[] = { "9", "4", "-1", "7", "abc", "1x", "" };
+		static const struct { const char *val; int tier; } good[] = {
+			{ "off", 0 }, { "4k-all", 1 }, { "256", 2 }, { "leaf", 3 }, { "leaf\n", 3 },
+			{ "0", 0 }, { "1", 1 }, { "2", 2 }, { "3", 3 }, { "0x3", 3 },
+		};
+		unsigned int k;
+		long e0 = shim_pr_err_count;
+
+		for (k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
+			CHECK(shim_param_set("uvm_pt_pack", good[k].val) == 0, "params", "'%s' refused", good[k].val);
+			CHECK(uvm_pt_pack_requested_tier() == good[k].tier, "params", "'%s' is tier %d, want %d",
+			      good[k].val, uvm_pt_pack_requested_tier(), good[k].tier);
+		}
+		CHECK(shim_pr_err_count == e0, "params", "a valid value was logged");
+	}
+	/* anything else: logged, packing off, and the load goes on (a typo must not take CUDA out) */
+	{
+		static const char *const bad[] = { "9", "4", "-1", "7", "abc", "1x", "", "LEAF", "4k", "leaf2" };
 		unsigned int k;
 		long e0 = shim_pr_err_count;
 
 		shim_warn_quiet = 1;
 		for (k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
-			CHECK(shim_param_set("uvm_pt_pack", bad[k]) == -EINVAL, "params", "'%s' accepted", bad[k]);
-			CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_LEAF, "params",
-			      "'%s' changed the tier", bad[k]);
+			shim_param_set("uvm_pt_pack", "3");
+			CHECK(shim_param_set("uvm_pt_pack", bad[k]) == 0, "params", "'%s' fails the load", bad[k]);
+			CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_OFF, "params",
+			      "'%s' did not turn packing off", bad[k]);
+			read_stats(v, tier, reason);
+			CHECK(!strcmp(tier, "off"), "counters", "tier %s after '%s'", tier, bad[k]);
 		}
 		shim_warn_quiet = 0;
-		CHECK(shim_pr_err_count - e0 == (long)k, "params", "%ld log lines for %u rejected values",
+		CHECK(shim_pr_err_count - e0 == (long)k, "params", "%ld log lines for %u invalid values",
 		      shim_pr_err_count - e0, k);
+		shim_param_set("uvm_pt_pack", "3");
 	}
 	shim_param_set("uvm_pt_pack", "1");
 	read_stats(v, tier, reason);
@@ -861,12 +990,13 @@ static void unit_zeroed_pool(void)
 	struct uvm_pt_pack_pool pool;
 	struct page *pg = NULL;
 	u64 a = 0;
+	u32 tag = 0;
 
 	memset(&pool, 0, sizeof(pool));
 	CHECK(!uvm_pt_pack_active(&pool), "zeroed pool", "active");
-	CHECK(uvm_pt_pack_alloc(&pool, 5, 256, &pg, &a) == UVM_PT_PACK_NOT_PACKED, "zeroed pool", "alloc");
+	CHECK(uvm_pt_pack_alloc(&pool, 5, 256, &pg, &a, &tag) == UVM_PT_PACK_NOT_PACKED, "zeroed pool", "alloc");
 	pg = alloc_page(GFP_KERNEL);
-	CHECK(!uvm_pt_pack_free(&pool, pg, 0, 256), "zeroed pool", "free");
+	CHECK(!uvm_pt_pack_free(&pool, pg, 0, 256, 0), "zeroed pool", "free");
 	__free_page(pg);
 	CHECK(uvm_pt_pack_pool_empty(&pool), "zeroed pool", "empty");
 	uvm_pt_pack_tree_deinit(&pool, true);
@@ -1000,13 +1130,18 @@ static void unit_bad_frees(void)
 	shim_warn_quiet = 1;
 	pthread_mutex_lock(&trees[0].lock);
 	/* b is live: free a copy of it with the wrong size, a wrong address, via the wrong pool */
-	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr, 4096), "bad free", "wrong size");
-	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 8, 256), "bad free", "odd address");
-	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 2 * PAGE_SIZE, 256), "bad free", "far address");
-	/* another pool does not know the page: not one of its tables (NVIDIA's path in UVM) */
-	CHECK(!uvm_pt_pack_free(&trees[1].pool, b.page, b.addr, 256), "bad free", "wrong pool");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr, 4096, b.tag), "bad free", "wrong size");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 8, 256, b.tag), "bad free", "odd address");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr + 2 * PAGE_SIZE, 256, b.tag), "bad free",
+	      "far address");
+	/* a tagged table is a pool's: another pool refuses it, never hands it to NVIDIA's path */
+	CHECK(uvm_pt_pack_free(&trees[1].pool, b.page, b.addr, 256, b.tag), "bad free", "wrong pool");
+	/* an untagged table in a pool page, a wrong tag */
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr, 256, 0), "bad free", "untagged");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, b.page, b.addr, 256, b.tag + 1000), "bad free", "wrong tag");
 	pthread_mutex_unlock(&trees[0].lock);
-	CHECK(shim_warn_count - w0 == 3, "warning", "%ld warnings for 3 bad frees", shim_warn_count - w0);
+	bad_frees_model += 6;
+	CHECK(shim_warn_count - w0 == 6, "warning", "%ld warnings for 6 bad frees", shim_warn_count - w0);
 	/* the slot survived all of that */
 	live[nlive++] = a;
 	live[nlive++] = b;
@@ -1014,9 +1149,10 @@ static void unit_bad_frees(void)
 	/* double free: the second is caught, nothing released twice */
 	do_free(&trees[0], &live[0]);
 	pthread_mutex_lock(&trees[0].lock);
-	CHECK(uvm_pt_pack_free(&trees[0].pool, a.page, a.addr, 256), "bad free", "double free");
+	CHECK(uvm_pt_pack_free(&trees[0].pool, a.page, a.addr, 256, a.tag), "bad free", "double free");
 	pthread_mutex_unlock(&trees[0].lock);
-	CHECK(shim_warn_count - w0 == 4, "warning", "double free not warned about");
+	bad_frees_model++;
+	CHECK(shim_warn_count - w0 == 7, "warning", "double free not warned about");
 	live_remove(0);
 	check_counters();
 	shim_warn_quiet = 0;
@@ -1060,7 +1196,14 @@ static int run_deinit_warn(void)
 	uvm_pt_pack_tree_deinit(&trees[0].pool, true);
 	CHECK(shim_warn_count == w0 + 1, "warning", "deinit of a non-empty pool did not warn");
 	CHECK(shim_kmemleak_not_leak_count == 1, "leak", "leaked descriptor not marked for kmemleak");
-	/* the pool leaks by design; trees[] still points at it, so LeakSanitizer stays quiet */
+	nlive = 0;
+	bp_n = 0;
+	pages_live_model = 0;
+	leaked_tables_model = 1;
+	leaked_pages_model = 1;
+	trees[0].used = false;
+	check_counters();   /* live counters back to 0, the leak reported as such */
+	/* the pool leaks by design; still reachable for LeakSanitizer through the harness's bpage registry */
 	printf("deinit-warn: ok\n");
 	return 0;
 }
@@ -1101,7 +1244,10 @@ static int run_fatal_teardown(void)
 	CHECK(shim_kmemleak_not_leak_count == 2, "leak", "leaked descriptors not marked for kmemleak");
 	read_stats(v, tier, reason);
 	CHECK(v[3] == 0, "counters", "trees_packed %lld after teardown", v[3]);
-	CHECK(v[6] == 6 && v[7] == 2 && v[11] == 0, "counters", "leaked tables/pages %lld/%lld, want 6/2", v[6], v[7]);
+	CHECK(v[6] == 0 && v[7] == 0 && v[11] == 0 && v[16] == 0 && v[18] == 0, "counters",
+	      "live c256 tables/pages %lld/%lld after teardown, want 0/0 (leaked ones are reported apart)", v[6], v[7]);
+	CHECK(v[19] == 6 && v[20] == 2 && v[21] == 2 * (long long)PAGE_SIZE, "counters",
+	      "leaked tables/pages %lld/%lld, want 6/2", v[19], v[20]);
 	/* leaked by design; still reachable through trees[].pool for LeakSanitizer */
 	shim_warn_quiet = 0;
 	printf("fatal-teardown: ok\n");
@@ -1127,6 +1273,8 @@ static void unit_stray_private(void)
 	CHECK(do_alloc(t, 5, 256, &a) == 0 && a.packed, "api", "alloc");
 	CHECK(shim_last_kzalloc_gfp == (GFP_KERNEL | __GFP_NOMEMALLOC | __GFP_ACCOUNT), "gfp",
 	      "descriptor allocated with gfp %#x", shim_last_kzalloc_gfp);
+	CHECK(shim_last_kzalloc_memcg == t->idx + 100, "memcg", "descriptor charged to memcg %d, the page to %d",
+	      shim_last_kzalloc_memcg, t->idx + 100);
 	CHECK(do_alloc(t, 5, 256, &b) == 0, "api", "alloc");
 	CHECK(do_alloc(t, 0, 4096, &n) == 0 && !n.packed, "api", "root");
 	set_page_private(n.page, freed_addr);
@@ -1141,6 +1289,186 @@ static void unit_stray_private(void)
 }
 
 
+/*
+ * Recycle mode: put() keeps the page it was given and the next get() hands it
+ * back with the same DMA address, as the buddy allocator (LIFO per-cpu lists)
+ * and the IOVA cache do. A free the pool cannot match to a live table of its
+ * own must WARN exactly once, never reach NVIDIA's __free_pages (the pool
+ * returns true) and leave every live table, and the counters, intact.
+ */
+static void bad_free_expect(struct tree *t, const struct table *tb, const char *what)
+{
+	long w0 = shim_warn_count, p0 = n_puts;
+	bool kept;
+
+	shim_warn_quiet = 1;
+	pthread_mutex_lock(&t->lock);
+	kept = uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size, tb->tag);
+	pthread_mutex_unlock(&t->lock);
+	shim_warn_quiet = 0;
+	CHECK(kept, "bad free", "%s: handed to NVIDIA's path (__free_pages of a pool page)", what);
+	CHECK(shim_warn_count - w0 == 1, "bad free", "%s: %ld warnings, want 1", what, shim_warn_count - w0);
+	CHECK(n_puts == p0, "bad free", "%s: a backing page was put", what);
+	bad_frees_model++;
+	shim_warn_count = w0;
+}
+
+static int run_recycle(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct table a, b, c, stale;
+	int i;
+
+	recycle = true;
+	tree_init(0, &f);
+	tree_init(1, &f);
+
+	/* 1. double free of a table whose page went back (not reused yet) */
+	CHECK(do_alloc(&trees[0], 5, 256, &a) == 0 && a.packed, "api", "alloc");
+	stale = a;
+	do_free(&trees[0], &a);                    /* last table: the page is put (kept by "the allocator") */
+	CHECK(recycled_page == stale.page, "harness", "page not recycled");
+	bad_free_expect(&trees[0], &stale, "double free after the page was released");
+	check_counters();
+
+	/* 2. the page comes back to the same pool at the same address: a stale free must not hit b */
+	CHECK(do_alloc(&trees[0], 5, 256, &b) == 0 && b.packed, "api", "alloc");
+	CHECK(b.page == stale.page && b.addr == stale.addr, "harness", "recycled page/address not reused");
+	live[nlive++] = b;
+	bad_free_expect(&trees[0], &stale, "stale free into a recycled page of the same pool");
+	table_verify(&live[0]);
+	check_counters();
+
+	/* 3. freed again, the page comes back to another pool: stale and wrong-pool frees */
+	do_free(&trees[0], &live[0]);
+	nlive = 0;
+	CHECK(do_alloc(&trees[1], 5, 256, &c) == 0 && c.page == stale.page && c.addr == stale.addr, "harness",
+	      "not recycled into pool 1");
+	live[nlive++] = c;
+	bad_free_expect(&trees[0], &stale, "stale free, page now in another pool");
+	bad_free_expect(&trees[1], &stale, "stale free through the pool now holding the page");
+	bad_free_expect(&trees[0], &live[0], "wrong-pool free of a live table");
+	/* 4. NVIDIA's own (untagged) table whose page was recycled into a pool */
+	stale.tag = 0;
+	bad_free_expect(&trees[1], &stale, "untagged free of a pool page");
+	table_verify(&live[0]);
+	check_counters();
+
+	/* 5. a full page recycled while other slots stay live */
+	for (i = 0; i < 3; i++) {
+		CHECK(do_alloc(&trees[1], 5, 256, &a) == 0, "api", "alloc");
+		live[nlive++] = a;
+	}
+	stale = live[1];
+	do_free(&trees[1], &live[1]);
+	live[1] = live[--nlive];
+	CHECK(do_alloc(&trees[1], 5, 256, &a) == 0 && a.addr == stale.addr, "harness", "slot not reused");
+	live[nlive++] = a;
+	bad_free_expect(&trees[1], &stale, "stale free of a reused slot");
+	for (i = 0; i < nlive; i++)
+		table_verify(&live[i]);
+	check_counters();
+
+	engine_tree_deinit(0);
+	engine_tree_deinit(1);
+	check_counters();
+	recycle = false;
+	if (recycled_page) {
+		recycled_page->harness = NULL;
+		__free_page(recycled_page);
+		recycled_page = NULL;
+	}
+	CHECK(shim_pages_live == 0 && bp_n == 0, "leak", "pages left");
+	printf("recycle: page_size=%lu bad_frees=%lld ok\n", PAGE_SIZE, bad_frees_model);
+	return 0;
+}
+
+/*
+ * The descriptor is charged where the page is: for a user tree in the memcg
+ * of the va_space's mm with __GFP_ACCOUNT (charged_cb stands in for the hook's
+ * set_active_memcg context), for the kernel tree not at all.
+ */
+static void unit_memcg(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct table tb;
+
+	shim_active_memcg = 7;   /* the faulting task's memcg: must not be charged */
+	tree_init(0, &f);
+	CHECK(do_alloc(&trees[0], 5, 256, &tb) == 0 && tb.packed, "api", "alloc");
+	live[nlive++] = tb;
+	CHECK((shim_last_kzalloc_gfp & __GFP_ACCOUNT) && shim_last_kzalloc_memcg == 100, "memcg",
+	      "user tree: descriptor gfp %#x charged to memcg %d, want __GFP_ACCOUNT in memcg 100",
+	      shim_last_kzalloc_gfp, shim_last_kzalloc_memcg);
+	f.user_tree = false;
+	tree_init(1, &f);
+	CHECK(do_alloc(&trees[1], 5, 256, &tb) == 0 && tb.packed, "api", "alloc");
+	live[nlive++] = tb;
+	CHECK(!(shim_last_kzalloc_gfp & __GFP_ACCOUNT), "memcg", "kernel tree: descriptor charged (gfp %#x, memcg %d)",
+	      shim_last_kzalloc_gfp, shim_last_kzalloc_memcg);
+	shim_active_memcg = 0;
+	engine_tree_deinit(0);
+	engine_tree_deinit(1);
+	check_counters();
+}
+
+/*
+ * No memory to record a fresh page: the table gets the whole page with tag 0
+ * and NVIDIA's path frees it (nothing put, nothing leaked).
+ */
+static void unit_whole_page(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct table tb;
+
+	tree_init(0, &f);
+	shim_xa_fail_next = 1;
+	CHECK(do_alloc(&trees[0], 5, 256, &tb) == 0 && tb.whole && !tb.tag, "api", "no whole-page fallback");
+	CHECK(shim_xa_fail_next == 0, "harness", "xarray insert not attempted");
+	live[nlive++] = tb;
+	CHECK(do_alloc(&trees[0], 5, 256, &tb) == 0 && tb.packed, "api", "alloc after the fallback");
+	live[nlive++] = tb;
+	check_counters();
+	engine_tree_deinit(0);
+	check_counters();
+}
+
+/*
+ * The counters are read without a lock: a read between the two counter updates
+ * of one free (tables, then pages) must show no negative figure. The shim calls
+ * this hook after every atomic64 update of the pool.
+ */
+static long neg_reads;
+static void read_between_updates(void)
+{
+	long long v[NKEYS];
+	char tier[64], reason[64];
+
+	read_stats(v, tier, reason);   /* fails on any negative value */
+	neg_reads++;
+}
+
+static void unit_no_negative_read(void)
+{
+	struct uvm_pt_pack_facts f = good_facts(UVM_PT_PACK_TIER_256);
+	struct table tb;
+	int i;
+
+	tree_init(0, &f);
+	shim_atomic64_hook = read_between_updates;
+	for (i = 0; i < 3; i++) {
+		CHECK(do_alloc(&trees[0], 5, i == 2 ? 4096 : 256, &tb) == 0, "api", "alloc");
+		live[nlive++] = tb;
+	}
+	engine_tree_deinit(0);
+	shim_atomic64_hook = NULL;
+	CHECK(neg_reads > 0, "harness", "hook never ran");
+	check_counters();
+}
+
+
+static const char *unit_only;   /* "unit NAME": run that group only */
+#define UNIT(call, name) do { if (!unit_only || !strcmp(unit_only, name)) call; } while (0)
 
 static void run_unit(void)
 {
@@ -1148,18 +1476,21 @@ static void run_unit(void)
 	static const u32 sizes[] = { 256, 4096 };
 	int i, j;
 
-	unit_predicate();
-	unit_params();
-	unit_zeroed_pool();
+	UNIT(unit_predicate(), "predicate");
+	UNIT(unit_params(), "params");
+	UNIT(unit_zeroed_pool(), "zeroed_pool");
 	for (i = 0; i < 3; i++)
 		for (j = 0; j < 2; j++)
-			unit_fill_drain(tiers[i], sizes[j]);
-	unit_routing();
-	unit_get_failure();
-	unit_misaligned_base();
-	unit_bad_frees();
-	unit_unpacked_counters();
-	unit_stray_private();
+			UNIT(unit_fill_drain(tiers[i], sizes[j]), "fill_drain");
+	UNIT(unit_routing(), "routing");
+	UNIT(unit_get_failure(), "get_failure");
+	UNIT(unit_misaligned_base(), "misaligned_base");
+	UNIT(unit_bad_frees(), "bad_frees");
+	UNIT(unit_unpacked_counters(), "unpacked_counters");
+	UNIT(unit_stray_private(), "stray_private");
+	UNIT(unit_memcg(), "memcg");
+	UNIT(unit_whole_page(), "whole_page");
+	UNIT(unit_no_negative_read(), "no_negative_read");
 	CHECK(shim_pages_live == 0 && bp_n == 0, "leak", "pages left");
 	CHECK(shim_warn_count == 0, "warning", "%ld unexpected warnings", shim_warn_count);
 	printf("unit: page_size=%lu ok\n", PAGE_SIZE);
@@ -1193,6 +1524,7 @@ int main(int argc, char **argv)
 	mallopt(M_MMAP_THRESHOLD, 1 << 30);
 	mallopt(M_TOP_PAD, 64 << 20);
 	if (argc >= 2 && !strcmp(argv[1], "unit")) {
+		unit_only = argc >= 3 ? argv[2] : NULL;
 		run_unit();
 		return 0;
 	}
@@ -1200,6 +1532,8 @@ int main(int argc, char **argv)
 		return run_deinit_warn();
 	if (argc >= 2 && !strcmp(argv[1], "fatal-teardown"))
 		return run_fatal_teardown();
+	if (argc >= 2 && !strcmp(argv[1], "recycle"))
+		return run_recycle();
 	if (argc >= 4 && !strcmp(argv[1], "fuzz")) {
 		long ops = atol(argv[2]);
 		u64 seed = strtoull(argv[3], NULL, 0);
@@ -1220,7 +1554,7 @@ int main(int argc, char **argv)
 		run_stress(atol(argv[2]), strtoull(argv[3], NULL, 0), atoi(argv[4]));
 		return 0;
 	}
-	fprintf(stderr, "usage: %s unit | deinit-warn | fatal-teardown | fuzz OPS SEED [CHUNK] | stress OPS SEED THREADS\n", argv[0]);
+	fprintf(stderr, "usage: %s unit [GROUP] | deinit-warn | fatal-teardown | recycle | fuzz OPS SEED [CHUNK] | stress OPS SEED THREADS\n", argv[0]);
 	return 2;
 }
 #endif

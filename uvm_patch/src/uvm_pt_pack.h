@@ -3,9 +3,9 @@
  * uvm_pt_pack: packing pool for nvidia-uvm GPU page tables kept in CPU memory.
  *
  * Part of spark-memsaver. This header and uvm_pt_pack.c are identical for every
- * NVIDIA driver branch. They use only Linux kernel APIs; nothing here includes a
- * UVM header. The per-branch hunks in uvm_mmu.c / uvm_mmu.h adapt UVM's types to
- * this interface.
+ * NVIDIA driver branch. They use only Linux kernel APIs and, inside nvidia-uvm
+ * (NVIDIA_UVM_ENABLED), UVM's lock type from uvm_lock.h. The per-branch hunks in
+ * uvm_mmu.c / uvm_mmu.h adapt UVM's types to this interface.
  *
  * What it does: a GPU page table of 256 B or 4096 B normally costs one whole CPU
  * page (64 KiB on a 64 KiB kernel). The pool hands out table-sized slots of shared
@@ -34,10 +34,14 @@
  *   - uvm_pt_pack_tree_init(): once per tree, no allocation, cannot fail.
  *   - uvm_pt_pack_alloc(): called WITHOUT tree->lock, possibly concurrently.
  *     It may call ops->get() (which may sleep, allocate, DMA-map and push GPU
- *     work); it never calls ops->put().
+ *     work) and ops->charged(); it never calls ops->put().
  *   - uvm_pt_pack_free(): called WITH tree->lock held, after the tree tracker
  *     wait (the slot is GPU-idle). It may call ops->put() for a backing page
  *     that became empty (still under tree->lock, as NVIDIA's free path is).
+ *     A free the pool cannot match to a live table of its own (a stale or
+ *     double free, another pool's table, an unpacked table in one of its pages)
+ *     WARNs once and returns true: the caller must not free that page, which
+ *     holds, or may again hold, other tables.
  *   - uvm_pt_pack_tree_deinit(pool, expect_empty): after the last table (and
  *     the root) is freed. A non-empty pool is a bug (WARN) when expect_empty;
  *     when not (UVM's global status is an error: put_ptes_async() leaves
@@ -45,10 +49,16 @@
  *     Either way the leftover pages are leaked, never freed under a GPU that
  *     may still walk them.
  *   - Ownership is recorded only in the pool's own descriptors (a per-pool
- *     hash keyed by the struct page pointer). The pool never reads or writes
- *     any field of a struct page (page->private stays NVIDIA's).
- *   - pool->lock is a leaf spinlock ordered after tree->lock. The pool never
- *     allocates, DMA-maps, calls a callback or waits while holding it.
+ *     xarray keyed by pfn, one entry per backing page held) and in a nonzero
+ *     tag per live table that the caller keeps beside the table (0: NVIDIA's
+ *     path). A page recycled by the buddy allocator (and its DMA address by the
+ *     IOVA cache) gets a new descriptor and new tags, so a stale free of a
+ *     table that lived in it before is told apart from a live one. The pool
+ *     never reads or writes any field of a struct page (page->private stays
+ *     NVIDIA's).
+ *   - pool->lock is a leaf lock (UVM_LOCK_ORDER_LEAF), taken under tree->lock
+ *     or with no lock held. The pool never allocates, DMA-maps, calls a
+ *     callback or waits while holding it.
  */
 #ifndef _UVM_PT_PACK_H
 #define _UVM_PT_PACK_H
@@ -56,6 +66,21 @@
 #include <linux/types.h>
 #include <linux/list.h>
 #include <linux/spinlock.h>
+#include <linux/xarray.h>
+
+/* The pool lock: a UVM leaf spinlock (lock order UVM_LOCK_ORDER_LEAF). */
+#ifdef NVIDIA_UVM_ENABLED
+#include "uvm_lock.h"
+#define UVM_PT_PACK_LOCK_T       uvm_spinlock_t
+#define uvm_pt_pack_lock_init(l) uvm_spin_lock_init((l), UVM_LOCK_ORDER_LEAF)
+#define uvm_pt_pack_lock(l)      uvm_spin_lock(l)
+#define uvm_pt_pack_unlock(l)    uvm_spin_unlock(l)
+#else  /* built outside nvidia-uvm (standalone selftests): a plain spinlock */
+#define UVM_PT_PACK_LOCK_T       spinlock_t
+#define uvm_pt_pack_lock_init(l) spin_lock_init(l)
+#define uvm_pt_pack_lock(l)      spin_lock(l)
+#define uvm_pt_pack_unlock(l)    spin_unlock(l)
+#endif
 
 struct page;
 
@@ -81,7 +106,9 @@ enum uvm_pt_pack_reason {
 	UVM_PT_PACK_R_NOT_SYSMEM,     /* "not_sysmem"    tree location is not SYS */
 	UVM_PT_PACK_R_NOT_COHERENT,   /* "not_coherent"  !dev_is_dma_coherent() */
 	UVM_PT_PACK_R_PAGE_SIZE,      /* "page_size"     tier saves nothing at PAGE_SIZE */
-	UVM_PT_PACK_R_KERNEL_TREE,    /* "kernel_tree"   leaf tier: UVM's kernel tree (not counted) */
+	UVM_PT_PACK_R_KERNEL_TREE,    /* "kernel_tree"   leaf tier: UVM's kernel tree (uncounted) */
+	/* "integrated_unknown": the branch cannot tell an integrated GPU from a discrete one */
+	UVM_PT_PACK_R_INTEGRATED_UNKNOWN,
 	UVM_PT_PACK_R_NR
 };
 
@@ -90,7 +117,7 @@ struct uvm_pt_pack_facts {
 	int tier;               /* requested tier: pass uvm_pt_pack_requested_tier() */
 	bool has_pci_dev;       /* gpu->parent->pci_dev != NULL */
 	bool no_vidmem;         /* gpu->mem_info.size == 0 */
-	int integrated;         /* 1: is_integrated_gpu, 0: not, -1: branch has no such field */
+	int integrated;         /* 1: is_integrated_gpu, 0: not, -1: unknown (not packed) */
 	bool sysmem_tree;       /* tree->location == UVM_APERTURE_SYS */
 	bool dma_coherent;      /* dev_is_dma_coherent(&pci_dev->dev); false if no pci_dev */
 	bool user_tree;         /* tree->type == UVM_PAGE_TREE_TYPE_USER */
@@ -105,10 +132,16 @@ struct uvm_pt_pack_facts {
  *      any pool lock; may sleep.
  * put: unmap and free a page previously returned by get. Called with tree->lock
  *      held (free path), never with the pool lock held.
+ * charged (optional): return fn(arg, gfp) run in the memory cgroup context
+ *      that get() charges its pages to, with gfp GFP_KERNEL plus __GFP_ACCOUNT
+ *      where get() charges (a user tree), plain GFP_KERNEL where it does not
+ *      (the kernel tree). The pool's per-page descriptor and ownership entry are
+ *      allocated through it. NULL: allocated uncharged. Called without locks.
  */
 struct uvm_pt_pack_ops {
 	int  (*get)(void *ctx, struct page **page, u64 *gpu_addr);
 	void (*put)(void *ctx, struct page *page, u64 gpu_addr);
+	int  (*charged)(void *ctx, int (*fn)(void *arg, gfp_t gfp), void *arg);
 };
 
 /* Size classes. */
@@ -127,14 +160,11 @@ struct uvm_pt_pack_class {
 	unsigned long pages;        /* backing pages held by this class */
 };
 
-struct pt_pack_backing;
-#define UVM_PT_PACK_HASH_BITS 6
-
 /* Per-tree pool; embed it in uvm_page_tree_t. Fields are private to uvm_pt_pack.c. */
 struct uvm_pt_pack_pool {
-	spinlock_t lock;
-	/* every backing page of this pool, by struct page pointer (ownership) */
-	struct pt_pack_backing *hash[1u << UVM_PT_PACK_HASH_BITS];
+	UVM_PT_PACK_LOCK_T lock;
+	/* every backing page of this pool: pfn -> descriptor (ownership) */
+	struct xarray owners;
 	int tier;                   /* UVM_PT_PACK_TIER_OFF => inactive */
 	int state;                  /* 0 never initialised (zero-filled), else counted state */
 	const struct uvm_pt_pack_ops *ops;
@@ -145,7 +175,7 @@ struct uvm_pt_pack_pool {
 /* Return value of uvm_pt_pack_alloc() when the table must take NVIDIA's path. */
 #define UVM_PT_PACK_NOT_PACKED 1
 
-/* The module parameter uvm_pt_pack (the set callback admits only 0..3). */
+/* The module parameter uvm_pt_pack (0..3; anything else was turned into 0 at load). */
 int uvm_pt_pack_requested_tier(void);
 
 /* Pure predicate: every condition required; no side effects. */
@@ -169,22 +199,28 @@ bool uvm_pt_pack_active(const struct uvm_pt_pack_pool *pool);
 
 /*
  * Allocate a table of `size` bytes at `depth` (0 = root).
- * Returns 0 and fills *page (the backing page) and *gpu_addr (backing page
- * address + slot offset; aligned to the class slot size; the slot is zeroed);
- * or UVM_PT_PACK_NOT_PACKED: pool inactive, depth 0, or a size the tier does
- * not pack -> take NVIDIA's path; or a negative errno from ops->get / -ENOMEM.
+ * Returns 0 and fills *page (the backing page), *gpu_addr (backing page
+ * address + slot offset; aligned to the class slot size; the slot is zeroed)
+ * and *tag (nonzero; keep it with the table and pass it to uvm_pt_pack_free()).
+ * When the pool cannot record a fresh backing page (no memory for its
+ * descriptor), it returns 0 with *tag = 0 and the whole zeroed page from get():
+ * exactly what NVIDIA's path makes for one table, freed by NVIDIA's path.
+ * Or UVM_PT_PACK_NOT_PACKED: pool inactive, depth 0, or a size the tier does
+ * not pack -> take NVIDIA's path; or a negative errno from ops->get.
  * Called without tree->lock.
  */
 int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 size,
-		      struct page **page, u64 *gpu_addr);
+		      struct page **page, u64 *gpu_addr, u32 *tag);
 
 /*
- * Free a table. Returns true if it was a packed table (now released), false if
- * it is not one of this pool's (the caller takes NVIDIA's path). Called with
- * tree->lock held after the tracker wait. May call ops->put().
+ * Free a table (tag: as returned by uvm_pt_pack_alloc(), 0 for a table of
+ * NVIDIA's path). Returns false only for a table of NVIDIA's path whose page
+ * is not one of this pool's (the caller frees it); true when the pool released
+ * the table, or refused a bad free with a WARN (the caller frees nothing).
+ * Called with tree->lock held after the tracker wait. May call ops->put().
  */
 bool uvm_pt_pack_free(struct uvm_pt_pack_pool *pool, struct page *page, u64 gpu_addr,
-		      u64 size);
+		      u64 size, u32 tag);
 
 /* True if the pool holds no table and no backing page. */
 bool uvm_pt_pack_pool_empty(const struct uvm_pt_pack_pool *pool);
@@ -192,7 +228,8 @@ bool uvm_pt_pack_pool_empty(const struct uvm_pt_pack_pool *pool);
 /*
  * Tear down at the end of uvm_page_tree_deinit(). expect_empty: pass
  * uvm_global_get_status() == NV_OK. A non-empty pool WARNs when expect_empty,
- * else logs a rate-limited line; leftover pages are leaked either way.
+ * else logs a rate-limited line; leftover pages are leaked either way, and
+ * move from the live counters to the leaked_* ones of uvm_pt_pack_stats.
  */
 void uvm_pt_pack_tree_deinit(struct uvm_pt_pack_pool *pool, bool expect_empty);
 

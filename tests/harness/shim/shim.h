@@ -38,6 +38,9 @@ typedef unsigned int gfp_t;
 #define __GFP_NOMEMALLOC 0x4u
 #define __GFP_ACCOUNT 0x8u
 extern unsigned int shim_last_kzalloc_gfp;   /* flags of the last kzalloc() */
+/* the memory cgroup a __GFP_ACCOUNT allocation is charged to: set_active_memcg() (0 = the task's) */
+extern __thread int shim_active_memcg;
+extern int shim_last_kzalloc_memcg;          /* shim_active_memcg at the last kzalloc() */
 
 #define READ_ONCE(x) (*(const volatile __typeof__(x) *)&(x))
 #define WRITE_ONCE(x, v) (*(volatile __typeof__(x) *)&(x) = (v))
@@ -59,9 +62,9 @@ void shim_log(long *counter, const char *fmt, ...) __attribute__((format(printf,
 #define pr_err(...) shim_log(&shim_pr_err_count, __VA_ARGS__)
 #define pr_warn_ratelimited(...) shim_log(&shim_pr_warn_rl_count, __VA_ARGS__)
 
-/* ---- kmemleak: records how many objects were marked ---- */
+/* ---- kmemleak: counts the objects marked and, like kmemleak, keeps them known (LeakSanitizer: reachable) ---- */
 extern long shim_kmemleak_not_leak_count;
-#define kmemleak_not_leak(p) ((void)(p), (void)__atomic_add_fetch(&shim_kmemleak_not_leak_count, 1, __ATOMIC_RELAXED))
+void kmemleak_not_leak(const void *p);
 
 /* ---- kstrtoint (strict: whole string, optional trailing newline) ---- */
 int kstrtoint(const char *s, unsigned int base, int *res);
@@ -98,10 +101,16 @@ typedef struct { int counter; } atomic_t;
 typedef struct { long long counter; } atomic64_t;
 #define atomic_read(a) __atomic_load_n(&(a)->counter, __ATOMIC_RELAXED)
 #define atomic_set(a, v) __atomic_store_n(&(a)->counter, (v), __ATOMIC_RELAXED)
+#define atomic_inc_return(a) __atomic_add_fetch(&(a)->counter, 1, __ATOMIC_RELAXED)
 #define atomic64_read(a) __atomic_load_n(&(a)->counter, __ATOMIC_RELAXED)
 #define atomic64_set(a, v) __atomic_store_n(&(a)->counter, (v), __ATOMIC_RELAXED)
-#define atomic64_inc(a) ((void)__atomic_add_fetch(&(a)->counter, 1, __ATOMIC_RELAXED))
-#define atomic64_dec(a) ((void)__atomic_sub_fetch(&(a)->counter, 1, __ATOMIC_RELAXED))
+/* every atomic64 update calls shim_atomic64_hook (when set) right after it: a reader between two updates */
+extern void (*shim_atomic64_hook)(void);
+#define SHIM_A64(expr) do { (void)(expr); if (shim_atomic64_hook) shim_atomic64_hook(); } while (0)
+#define atomic64_inc(a) SHIM_A64(__atomic_add_fetch(&(a)->counter, 1, __ATOMIC_RELAXED))
+#define atomic64_dec(a) SHIM_A64(__atomic_sub_fetch(&(a)->counter, 1, __ATOMIC_RELAXED))
+#define atomic64_add(i, a) SHIM_A64(__atomic_add_fetch(&(a)->counter, (i), __ATOMIC_RELAXED))
+#define atomic64_sub(i, a) SHIM_A64(__atomic_sub_fetch(&(a)->counter, (i), __ATOMIC_RELAXED))
 
 /* ---- bitmaps (non-atomic variants, as in the kernel) ---- */
 #define BITS_PER_LONG (8 * sizeof(long))
@@ -123,11 +132,13 @@ static inline unsigned long find_first_zero_bit(const unsigned long *map, unsign
 
 /* ---- slab ---- */
 static inline void *kzalloc(size_t n, gfp_t f)
-{ __atomic_store_n(&shim_last_kzalloc_gfp, f, __ATOMIC_RELAXED); return calloc(1, n); }
+{ __atomic_store_n(&shim_last_kzalloc_gfp, f, __ATOMIC_RELAXED);
+  __atomic_store_n(&shim_last_kzalloc_memcg, shim_active_memcg, __ATOMIC_RELAXED); return calloc(1, n); }
 static inline void kfree(const void *p) { free((void *)p); }
 
 /* ---- pages ---- */
 struct page {
+	unsigned long pfn;       /* page_to_pfn(): unique per struct page */
 	unsigned long private;
 	void *virt;              /* PAGE_SIZE bytes, PAGE_SIZE aligned */
 	void *harness;           /* test bookkeeping, not a kernel field */
@@ -140,6 +151,43 @@ void __free_page(struct page *p);
 static inline void *kmap(struct page *p) { return p->virt; }
 static inline void kunmap(struct page *p) { (void)p; }
 static inline void *page_address(struct page *p) { return p->virt; }
+
+/* ---- pfn, struct_size, sysfs_match_string ---- */
+#define page_to_pfn(p) ((p)->pfn)
+#define struct_size(p, member, n) (sizeof(*(p)) + (size_t)(n) * sizeof((p)->member[0]))
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+int __sysfs_match_string(const char *const *array, size_t n, const char *str);
+#define sysfs_match_string(a, s) __sysfs_match_string(a, ARRAY_SIZE(a), s)
+
+/*
+ * ---- xarray: stand-in for <linux/xarray.h> (lib/xarray.c) ----
+ * The calls the pool makes, with the kernel's semantics: an all-zero xarray is
+ * a valid empty one; xa_load() takes no lock (RCU in the kernel: here a mutex
+ * inside, the caller sees no lock); xa_insert() returns -EBUSY when the index
+ * is occupied and -ENOMEM when it cannot allocate (shim_xa_fail_next makes the
+ * next N inserts fail so); xa_erase() returns the old entry; xa_for_each()
+ * visits entries in index order; xa_destroy() frees the xarray's own memory,
+ * never the entries. Storage: a sorted array (the kernel's is a radix tree).
+ */
+#define XA_PRESENT 0
+struct xarray {
+	pthread_mutex_t *lock;      /* created on first use: an all-zero xarray is valid */
+	unsigned long *index;
+	void **entry;
+	size_t n, cap;
+};
+extern int shim_xa_fail_next;
+extern long shim_xa_live;           /* xarrays holding memory (leak check) */
+void xa_init(struct xarray *xa);
+void *xa_load(struct xarray *xa, unsigned long index);
+int xa_insert(struct xarray *xa, unsigned long index, void *entry, gfp_t gfp);
+void *xa_erase(struct xarray *xa, unsigned long index);
+void *xa_find(struct xarray *xa, unsigned long *index, unsigned long max, int filter);
+void *xa_find_after(struct xarray *xa, unsigned long *index, unsigned long max, int filter);
+void xa_destroy(struct xarray *xa);
+#define xa_for_each(xa, index, entry) \
+	for (index = 0, entry = xa_find(xa, &index, ~0UL, XA_PRESENT); entry; \
+	     entry = xa_find_after(xa, &index, ~0UL, XA_PRESENT))
 
 /* ---- printk-ish ---- */
 int scnprintf(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

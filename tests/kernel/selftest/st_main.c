@@ -47,6 +47,7 @@ struct st_tree {
 struct st_table {
 	struct page *page;
 	u64 addr;
+	u32 tag;               /* the pool's tag of the table */
 	u32 size;
 	u8 pattern;
 	int tree;
@@ -125,7 +126,8 @@ static int st_alloc(int ti, unsigned int depth, u32 size, struct st_table *tb)
 	struct page *page = NULL;
 	u64 addr = 0, base;
 	void *ent, *va;
-	int r = uvm_pt_pack_alloc(&t->pool, depth, size, &page, &addr);
+	u32 tag = 0;
+	int r = uvm_pt_pack_alloc(&t->pool, depth, size, &page, &addr, &tag);
 
 	if (r < 0)
 		return r;
@@ -150,6 +152,7 @@ static int st_alloc(int ti, unsigned int depth, u32 size, struct st_table *tb)
 		ST_ERR("table at %llx not zeroed", addr);
 	tb->page = page;
 	tb->addr = addr;
+	tb->tag = tag;
 	tb->size = size;
 	tb->tree = ti;
 	tb->pattern = (u8)(get_random_u32() | 1);
@@ -167,7 +170,7 @@ static void st_free(struct st_table *tb)
 		ST_ERR("table at %llx clobbered (overlap) or its page gone", tb->addr);
 	memset(page_address(tb->page) + (tb->addr - base), 0xa5, tb->size);   /* reuse must zero */
 	mutex_lock(&t->lock);
-	if (!uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size))
+	if (!uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size, tb->tag))
 		ST_ERR("free of a packed table at %llx not recognised", tb->addr);
 	mutex_unlock(&t->lock);
 }

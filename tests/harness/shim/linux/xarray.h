@@ -1,0 +1,2 @@
+/* shim stand-in for <linux/xarray.h>: see ../shim.h */
+#include "../shim.h"
