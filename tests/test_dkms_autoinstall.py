@@ -140,3 +140,22 @@ def test_our_own_build_is_never_excluded_by_the_autoinstall_rule(world):
                         "--kernelsourcedir", str(world.ksrc), *world.common], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode != 77 and SKIPPED not in _out(r) and BUILDING in _out(r), _out(r)
+
+
+@pytest.mark.parametrize("hold", ["kernel", "all", "all-released"])
+def test_a_hold_excludes_the_kernel_from_autoinstall(world, hold):
+    """After `rollback`/`remove` (host/holds.py) dkms autoinstall -- at boot, for a new kernel -- never brings our
+    module back; `install --kernel K` under an all-kernels hold releases K (its `released` list)."""
+    import json
+    from spark_memsaver.host import holds
+    _nvidia_ko(world, DRIVER)               # everything a build needs: only the hold can exclude it
+    h = Host(world.inst)
+    holds.hold(h, "rollback" if hold == "kernel" else "remove", K if hold == "kernel" else None, "test")
+    if hold == "all-released":
+        holds.release(h, K)
+        assert K in json.loads((world.inst / "var/lib/spark-memsaver/holds/all.json").read_text())["released"]
+    r = _autoinstall(world)
+    if hold == "all-released":
+        assert SKIPPED not in _out(r) and BUILDING in _out(r), _out(r)
+    else:
+        assert SKIPPED in _out(r) and BUILDING not in _out(r), _out(r)

@@ -431,7 +431,7 @@ def test_corrupt_record_is_set_aside_not_trusted(tmp_path):
     assert good == [] and bad == ["/var/lib/spark-memsaver/intents/build-x.json"]
     steps = rc.plan(snap(kern(ours="550.163.01"), unreadable=bad), CFG, SUPPORT)
     act_steps.execute(h, CFG, [s for s in steps if s.action == "drop-record"], {})
-    assert not (d / "build-x.json").exists() and (d / "build-x.json.corrupt").exists()
+    assert not (d / "build-x.json").exists() and len(list(d.glob("build-x.json.bad-*"))) == 1   # one quarantine
     assert intents.list_intents(h) == ([], [])
 
 
@@ -704,6 +704,21 @@ def test_activation_refusals(tmp_path):
         executor.perform("activate", Host(other), CFG)
     active = sparkroot.make_spark_root(tmp_path / "c", uvm_loaded="ours", ours_installed="580.142")
     assert executor.perform("activate", Host(active), CFG)["already"] is True
+
+
+def test_activation_mismatch_remedy_never_reboots_into_the_running_driver(tmp_path):
+    """Ours built for 570.86.15, nvidia 580.142 on disk AND loaded: a reboot changes nothing (before, the
+    remedy said 'Reboot into the installed driver first (nvidia.ko on disk is 580.142)', the running one)."""
+    stale = sparkroot.make_spark_root(tmp_path / "d", uvm_loaded="stock", ours_installed="570.86.15")
+    with pytest.raises(act_activate.ActivationRefused, match="loaded nvidia is 580.142") as e:
+        executor.perform("activate", Host(stale), CFG)
+    assert "reboot" not in e.value.remedy.lower() and "sudo spark-memsaver reconcile" in e.value.remedy
+    # the driver on disk is newer than the running one and ours is built for it: then a reboot is the cure
+    newer = sparkroot.make_spark_root(tmp_path / "e", loaded_driver="580.95.05", uvm_loaded="stock",
+                                      ours_installed="580.142")
+    with pytest.raises(act_activate.ActivationRefused) as e:
+        executor.perform("activate", Host(newer), CFG)
+    assert e.value.remedy.startswith("Reboot") and "580.142" in e.value.remedy and "580.95.05" in e.value.remedy
 
 
 def test_cli_activate_and_reconcile_dry_run_json(tmp_path):

@@ -53,6 +53,8 @@ METRICS = {
     "spark_memsaver_secure_boot_state": ("gauge", ("state",)),
     "spark_memsaver_mok_pending_since_seconds": ("gauge", ()),
     "spark_memsaver_rollbacks_total": ("counter", ()),
+    "spark_memsaver_held": ("gauge", ("by",)),
+    "spark_memsaver_held_since_seconds": ("gauge", ()),
     "spark_memsaver_findings": ("gauge", ("severity",)),
     "spark_memsaver_last_sample_timestamp_seconds": ("gauge", ()),
 }
@@ -70,7 +72,7 @@ def _tool(name: str, pkg: str) -> str:
 
 def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6.11.0-1016-nvidia-64k",
                     tier="4k", saved=3_380_000_000, backing=212_000_000, page_size=65536, mok_since=0,
-                    rollbacks=0, findings=(0, 0, 0), now=None) -> str:
+                    rollbacks=0, findings=(0, 0, 0), now=None, held=None) -> str:
     """Our exposition format for one node, every series present (0 where it does not apply)."""
     now = time.time() if now is None else now
     lab = f'driver="{driver}",kernel="{kernel}",tier="{tier}"'
@@ -84,6 +86,8 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_secure_boot_state": "1 for the signing key's Secure Boot/MOK state, 0 for the others.",
         "spark_memsaver_mok_pending_since_seconds": "Unix time the MOK enrollment request was made, 0 if none.",
         "spark_memsaver_rollbacks_total": "Rollbacks to the stock nvidia-uvm.",
+        "spark_memsaver_held": "1 when the administrator's rollback/remove holds the running kernel, by origin.",
+        "spark_memsaver_held_since_seconds": "Unix time the hold was recorded, 0 if none.",
         "spark_memsaver_findings": "Findings of the last status by severity.",
         "spark_memsaver_last_sample_timestamp_seconds": "Unix time of the last sample.",
     }
@@ -97,6 +101,8 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_secure_boot_state": [(f'state="{s}"', int(s == sb)) for s in SB_STATES],
         "spark_memsaver_mok_pending_since_seconds": [("", mok_since)],
         "spark_memsaver_rollbacks_total": [("", rollbacks)],
+        "spark_memsaver_held": [(f'by="{b}"', int(b == held)) for b in ("rollback", "remove")],
+        "spark_memsaver_held_since_seconds": [("", 0)],
         "spark_memsaver_findings": [(f'severity="{s}"', n) for s, n in zip(SEVERITIES, findings)],
         "spark_memsaver_last_sample_timestamp_seconds": [("", round(now, 3))],
     }

@@ -82,9 +82,17 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
     loaded_nv = rc.base_version(snap["driver"].get("loaded_version"))
     disk_nv = rc.base_version((k.get("nvidia_selected") or {}).get("version"))
     if loaded_nv and loaded_nv != drv:
+        if disk_nv and disk_nv == drv:
+            # the driver on disk is newer than the running one and ours is built for it: a reboot loads both
+            remedy = (f"Reboot: nvidia.ko {disk_nv} on disk (and our nvidia-uvm for it) loads at boot in place "
+                      f"of the running {loaded_nv}.")
+        else:
+            # ours is stale (built for a driver that is neither running nor on disk): rebuild, never reboot
+            remedy = (f"Run 'sudo spark-memsaver reconcile': it removes our nvidia-uvm built for {drv} and "
+                      f"rebuilds it for the installed driver {disk_nv or loaded_nv}; then run "
+                      "'sudo spark-memsaver activate'.")
         raise ActivationRefused(f"the loaded nvidia is {loaded_nv} but our nvidia-uvm is built for {drv}",
-                                remedy="Reboot into the installed driver first (nvidia.ko on disk is "
-                                f"{disk_nv or 'unknown'}), then run 'spark-memsaver reconcile'.")
+                                remedy=remedy)
     uvm = snap["uvm"]
     if uvm.get("loaded") and uvm.get("srcversion") and uvm.get("srcversion") == sel.get("srcversion"):
         return {"activated": True, "already": True, "srcversion": uvm["srcversion"], "path": sel.get("path")}

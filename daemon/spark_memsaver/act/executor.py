@@ -33,7 +33,7 @@ from spark_memsaver.act import steps as st
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.errors import LockTimeout, UsageError
-from spark_memsaver.host import Host, intents, locks
+from spark_memsaver.host import Host, holds, intents, locks
 from spark_memsaver.observe import snapshot as observe
 
 OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install")
@@ -138,10 +138,23 @@ def _build(host, config, progress, problems, kernel=None, driver_version=None, d
         return st.dkms().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress), force=force)
 
 
+def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progress) -> None:
+    """The administrator's word (host/holds.py), recorded before acting: automation leaves the kernel(s)
+    stock until `install`. Toward stock goes on when it cannot be written; the result says so."""
+    try:
+        holds.hold(host, by, kernel, reason)
+        st.say(progress, f"{kernel or 'every kernel'}: held by {by} until 'sudo spark-memsaver install'")
+    except OSError as e:
+        rio.record_problem(problems, f"the hold of {kernel or 'every kernel'} ({by})", e)
+
+
 def _install(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     if k:   # refused with status's code and remedy (decide/installability.py); fetches a missing source
         installable.require(host, config, k, progress=st.fwd(progress))
+    released = holds.release(host, k)        # the administrator's install ends their rollback/remove hold
+    if released:
+        st.say(progress, "hold released: " + ", ".join(released))
     with rio.safe_intent(host, "install", k, removal=False, problems=problems):
         doc = st.dkms().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress))
         for r in doc.get("installed", []):
@@ -155,6 +168,7 @@ def _install(host, config, progress, problems, kernel=None, all_kernels=False):
 
 def _remove(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
+    _hold(host, "remove", k, "requested", problems, progress)
     with rio.safe_intent(host, "remove", k, removal=True, problems=problems, reason="requested"):
         doc = st.remove(host, config, k, progress)
         for r in doc.get("restored", []):
@@ -273,6 +287,7 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         elif op == "reconcile":
             doc = _reconcile(host, config, progress, problems, **args)
         elif op == "rollback":
+            _hold(host, "rollback", args.get("kernel"), args.get("reason") or "requested", problems, progress)
             doc = act_rollback.rollback(host, config, progress=progress, problems=problems, **args)
         elif op == "activate":
             doc = act_activate.activate(host, config, progress, **args)

@@ -204,8 +204,9 @@ def reload_uvm(host: Host, progress) -> dict:
 
 def _one(host, config, s: rc.Step, progress, problems: list) -> dict:
     entry = {}
-    if s.action == "drop-record":
-        intents.drop_unreadable(host, s.path)
+    if s.action == "drop-record":     # the one quarantine (host/records.py): renamed aside, never deleted
+        from spark_memsaver.host import records
+        entry["result"] = records.quarantine(host, s.path, s.code or "record", s.reason)
     elif s.action == "clear-intent":
         rio.clear_intent(host, s.intent, problems)
     elif s.action in ("undo-intent", "finish-intent"):

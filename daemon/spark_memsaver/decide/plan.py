@@ -25,6 +25,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
+from spark_memsaver.decide import hold as holds
 from spark_memsaver.decide import policy
 from spark_memsaver.decide.installability import ENROLL, SB_LOADABLE, installability  # noqa: F401
 from spark_memsaver.decide.policy import kernel_in_policy
@@ -53,7 +54,7 @@ class Step:
 # Actions that change the system (the rest only explain).
 ACTING = ("undo-intent", "finish-intent", "clear-intent", "drop-record", "remove-override",
           "record-rollback", "clear-rollback", "fetch-source", "build-install", "reload-uvm")
-INFO = ("ok", "stay-stock", "blocked", "config-changed")
+INFO = ("ok", "stay-stock", "blocked", "config-changed", "held")
 
 
 def base_version(v: str | None) -> str | None:
@@ -121,6 +122,11 @@ def _intent_steps(snap: dict, alive_pids: set[int] | None) -> tuple[list[Step], 
     for path in records.get("unreadable", []):
         steps.append(Step("drop-record", path=path,
                           reason="record is not valid JSON; it is set aside and state re-derived from the system"))
+    for q in records.get("quarantined", []):     # read but not trusted (host/records.py): set aside now
+        if isinstance(q, dict) and q.get("path") and not q.get("moved_to") and q.get("kind") != "hold":
+            steps.append(Step("drop-record", path=q["path"], code=q.get("kind"),
+                              reason=f"record is not trusted ({q.get('reason')}); it is set aside and state "
+                              "re-derived from the system"))
     for it in sorted(records.get("intents", []), key=lambda r: str(r.get("started", ""))):
         iid = it.get("id") or f"{it.get('op')}-{it.get('kernel') or 'all'}"
         op, kern = it.get("op"), it.get("kernel")
@@ -165,6 +171,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
     records_out: list[Step] = []
     builds: list[Step] = []
     fetched: set[str] = set()
+    running = next((k["release"] for k in snap.get("kernels", []) if k.get("running")), None)
     for k in snap.get("kernels", []):
         rel = k["release"]
         if kernels is not None and rel not in kernels:
@@ -174,6 +181,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
         ours = bool(sel.get("patched"))
         built_for = base_version(sel.get("version")) if ours else None
         rb = _rollback_for(records, rel)
+        hold = holds.held(records, rel)   # the administrator's rollback/remove: no build, safety only
         if sel.get("error"):
             steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel['error']}"))
             continue
@@ -181,6 +189,9 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             if rb:
                 records_out.append(Step("clear-rollback", rel, "the patched module is back", driver_to=nv))
             changed = config_change(k, snap, config, support, rebuild)
+            if hold and changed is not None and changed.action == "build-install":
+                changed = Step("held", rel, f"{changed.reason.split('; ')[0]}; no rebuild: "
+                               + holds.describe(hold, rel, running), remedy=holds.resume_command(hold, rel, running))
             if changed is None:
                 steps.append(Step("ok", rel, f"our nvidia-uvm for {nv} is selected beside nvidia.ko {nv}",
                                   driver_to=nv))
@@ -199,6 +210,15 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
                 removed_reason = f"NVIDIA driver changed from {built_for} to {nv}"
             if rel not in undone:
                 removals.append(Step("remove-override", rel, removed_reason, driver_from=built_for, driver_to=nv))
+        if hold:
+            why = holds.describe(hold, rel, running)
+            if removed_reason:
+                records_out.append(Step("record-rollback", rel, f"{removed_reason}; {why}", driver_from=built_for,
+                                        driver_to=nv, code="stock-selected", remedy=holds.resume_command(hold, rel, running)))
+            else:
+                steps.append(Step("held", rel, f"stays stock: {why}", driver_to=nv, code="held",
+                                  remedy=holds.resume_command(hold, rel, running)))
+            continue
         stock = stock_reason(k, snap, config, support)
         why, code, remedy = stock if stock else (None, None, "")
         no_retry = False

@@ -9,6 +9,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import policy
 from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the one policy; old import path)
 from spark_memsaver.decide.hazards import findings_from_inputs
+from spark_memsaver.decide import hold as holds
 from spark_memsaver.decide import installability as inst_mod
 from spark_memsaver.decide import mok as mok_decide
 
@@ -223,7 +224,10 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
                          f"State record {q['path']} ({q.get('kind', '?')}) is not trusted: {q.get('reason', '?')}"
                          f"{aside}.",
                          "Nothing else is affected: spark-memsaver re-derives the state from the system; look at "
-                         "the file set aside, then delete it."))
+                         "the file set aside, then delete it." if q.get("moved_to") else
+                         "Nothing else is affected: spark-memsaver re-derives the state from the system. "
+                         "spark-memsaverd's next reconcile sets it aside (as <name>.bad-<time>), or now: "
+                         "'sudo spark-memsaver reconcile'."))
 
     # 4. Secure Boot.
     sb_state = sb.get("state", "unknown")
@@ -295,17 +299,26 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
             return Verdict("unverified", f)
         return Verdict("active", f)
 
-    # 7. Rolled back (a driver update removed our override and we could not rebuild).
+    # 7. Rolled back (a driver update removed our override and we could not rebuild), or held by the
+    #    administrator's rollback/remove (decide/hold.py): then nothing brings the patch back by itself.
+    hold = holds.held(records, rk) if rk else None
+    if hold and not ours_selected:
+        f.append(Finding("held", "info", f"Kernel {rk} is {holds.describe(hold, rk, rk)}: spark-memsaverd and "
+                         "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.",
+                         holds.resume_command(hold, rk, rk), rk))
     rollbacks = records.get("rollbacks", [])
     if rollbacks and not ours_selected:
         last = sorted(rollbacks, key=lambda r: str(r.get("time", "")))[-1]
         remedy = last.get("remedy") or ("Nothing is broken: the stock module is in use. The patch comes back by "
                                         "itself when a supported driver is installed.")
-        if decision is not None and not decision["can_install"] and re.search(r"spark-memsaver (install|build)",
-                                                                               remedy):
+        if hold:
+            remedy = f"Nothing is broken: the stock module is in use; {holds.resume_command(hold, rk, rk)} resumes."
+        elif decision is not None and not decision["can_install"] and re.search(r"spark-memsaver (install|build)",
+                                                                                 remedy):
             remedy = install_advice(decision)[1]   # the record's advice would be refused now: what is missing
-        f.append(Finding("rolled-back", "warning",
-                         f"Rolled back to the stock nvidia-uvm: {last.get('reason', 'no reason recorded')}.", remedy))
+        reason = last.get("reason", "no reason recorded")
+        f.append(Finding("rolled-back", "warning", f"Rolled back to the stock nvidia-uvm: {reason}"
+                         + (f"; {holds.describe(hold, rk, rk)}" if hold else "") + ".", remedy))
         return Verdict("rolled-back", f)
 
     # 8. On disk.

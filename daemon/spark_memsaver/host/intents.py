@@ -108,14 +108,6 @@ def list_intents(host: Host) -> tuple[list[dict], list[str]]:
     return _load_dir(host, INTENTS)
 
 
-def drop_unreadable(host: Host, path: str) -> None:
-    """An unreadable record is moved aside (kept for a human), never trusted and never left to block."""
-    src = host.path(path)
-    with contextlib.suppress(OSError):
-        os.rename(src, f"{src}.corrupt")
-        fsync_dir(os.path.dirname(os.fspath(src)))
-
-
 @contextlib.contextmanager
 def intent(host: Host, op: str, kernel: str | None = None, **details):
     """Write an intent before the body runs; delete it when the body completes.

@@ -13,6 +13,7 @@ CONFIG_FILE = "/etc/spark-memsaver/config.yaml"
 LOG_DIR = f"{STATE_DIR}/logs"
 INTENTS = f"{STATE_DIR}/intents"
 ROLLBACKS = f"{STATE_DIR}/rollbacks"
+HOLDS = f"{STATE_DIR}/holds"          # the administrator's holds: <kernel>.json, all.json (host/holds.py)
 HISTORY = f"{STATE_DIR}/history.jsonl"
 SAMPLES_DIR = f"{STATE_DIR}/history"      # the monitor's persisted samples (service/history.py)
 EVENTS = f"{STATE_DIR}/events.jsonl"      # the lifecycle event log (host/events.py)
@@ -43,6 +44,11 @@ def intent(iid: str) -> str:
 
 def rollback(kernel: str) -> str:
     return f"{ROLLBACKS}/{safe_name(kernel)}.json"
+
+
+def hold(kernel: str | None) -> str:
+    """A hold on ``kernel``; None: on every kernel, also those installed later (``all.json``)."""
+    return f"{HOLDS}/{safe_name(kernel)}.json"
 
 
 def stock_record(kernel: str) -> str:

@@ -1,10 +1,12 @@
-"""Typed reading of every on-disk record the product reads (issue 12 defect 3).
+"""Typed reading of every on-disk record the product reads (issue 12 defect 3), and its one quarantine.
 
 A record that is not valid JSON, not a JSON object, or whose fields have the wrong type is never trusted
-and never crashes a reader: it is *quarantined* -- renamed aside to ``<name>.bad-<UTC time>`` (kept for a
-human, never deleted) -- and reported (``observe_records()['quarantined']``, the status finding
-``record-quarantined``); everything else goes on. Fields a record may lack stay optional, so records
-written by 0.1.0 read unchanged (tests/test_records_compat.py). Writers go through fsutil.atomic_write.
+and never crashes a reader. Reading only reports it (``observe_records()['quarantined']``, the status finding
+``record-quarantined``; ``moved_to`` None): an inspection -- ``status``, also ``status --root IMAGE`` -- never
+renames or writes. The planner then plans a ``drop-record`` step, and the executor (the daemon's reconcile,
+any root operation through act/executor.perform) sets it aside with :func:`quarantine`: renamed to
+``<name>.bad-<UTC time>`` (kept for a human, never deleted). Fields a record may lack stay optional, so
+records written by 0.1.0 read unchanged (tests/test_records_compat.py). Writers go through fsutil.atomic_write.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ SPECS: dict[str, tuple[dict, dict]] = {
     "signed-log": ({"signed": (list,)}, {"format": (_I, _N)}),
     "validate": ({"outcome": (_S,)}, {"outcome": _STRS, "reason": _STRS, "finished_at": _STRS, "started_at": _STRS}),
     "mok-request": ({"cert_sha256": (_S,)}, {"boot_id": _STRS, "requested_at": _STRS}),
+    "hold": ({"by": (_S,)}, {"kernel": _STRS, "since": _STRS, "reason": _STRS, "schema": (_I, _N),
+                             "released": (list, _N)}),
 }
 
 # directories of records of one kind (every *.json in them), and single record files
 DIRS = {"intent": paths.INTENTS, "rollback": paths.ROLLBACKS, "stock": paths.DKMS_STATE,
-        "build": f"{paths.STATE_DIR}/builds"}
+        "build": f"{paths.STATE_DIR}/builds", "hold": paths.HOLDS}
 FILES = {"signing": paths.SIGNING_RECORD, "signed-log": paths.SIGNED_LOG, "validate": paths.VALIDATE_REPORT,
          "mok-request": paths.MOK_REQUEST}
 
@@ -101,15 +105,15 @@ def quarantine(host, path: str, kind: str, reason: str) -> dict:
 
 
 def read(host, kind: str, path: str, quarantined: list) -> dict | None:
-    """The record at ``path``, or None when it is absent or bad (bad: quarantined, appended to
-    ``quarantined``)."""
+    """The record at ``path``, or None when it is absent or bad (bad: reported in ``quarantined`` with
+    ``moved_to`` None; never renamed here: see :func:`quarantine`)."""
     text = host.read_text(path)
     if text is None:
         return None
     try:
         return parse(kind, text)
     except BadRecord as e:
-        quarantined.append(quarantine(host, path, kind, str(e)))
+        quarantined.append({"path": path, "kind": kind, "reason": str(e), "moved_to": None})
         return None
 
 

@@ -276,7 +276,7 @@ def observe_records(host: Host) -> dict:
 
     got = records.read_all(host)
     strip = lambda recs: [{k: v for k, v in r.items() if k != "_path"} for r in recs]  # noqa: E731
-    return {"intents": strip(got["intent"]), "rollbacks": strip(got["rollback"]),
+    return {"intents": strip(got["intent"]), "rollbacks": strip(got["rollback"]), "holds": strip(got["hold"]),
             "last_validation": got["validate"], "unreadable": [], "quarantined": got["quarantined"]}
 
 

@@ -41,6 +41,17 @@ def _uvm_selected(k: dict) -> dict | None:
     return {key: sel.get(key) for key in ("path", "version", "patched", "signer", "srcversion", "vermagic")}
 
 
+def _hold(snap: dict) -> dict | None:
+    """The administrator's hold on the running kernel (decide/hold.py), with the line status prints."""
+    from spark_memsaver.decide import hold as holds
+    k = (snap.get("host") or {}).get("kernel")
+    h = holds.held(snap.get("records"), k) if k else None
+    if not h:
+        return None
+    return {"by": h.get("by"), "since": h.get("since"), "kernel": h.get("kernel"), "reason": h.get("reason"),
+            "text": holds.describe(h, k, k), "resume": holds.resume_command(h, k, k)}
+
+
 def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
     uvm = snap["uvm"]
     packing = uvm.get("packing")
@@ -68,6 +79,7 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
         "config": {"kernels": config.kernels, "tier": config.tier, "interval": config.interval,
                    "source": config.source},
         "findings": [x.to_dict() for x in verdict.findings],
+        "hold": _hold(snap),
         "unknown": list(snap.get("unknown") or []),
     }
 
@@ -160,6 +172,8 @@ def render_text(doc: dict, verbose: bool = False) -> str:
     if doc["memory"].get("saved") is not None:     # measured only where ours packs: the Gain line says the rest
         rows += [("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),
                  ("Saved", _mib(doc["memory"]["saved"]))]
+    if isinstance(doc.get("hold"), dict):
+        rows.insert(1, ("Hold", doc["hold"].get("text") or "held"))
     last = (doc.get("records") or {}).get("last_validation")
     if isinstance(last, dict):
         rows.append(("Last validation", f"{last.get('outcome', '?')}: {last.get('reason', '')}"

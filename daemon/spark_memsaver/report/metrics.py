@@ -13,11 +13,14 @@ from __future__ import annotations
 import calendar
 import time
 
+from spark_memsaver.decide.packing import packing_active
+
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive", "rolled-back",
           "needs-attention", "unverified")
 SECURE_BOOT_STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete",
                       "blocked", "unknown")
 SEVERITIES = ("info", "warning", "error")
+HOLD_ORIGINS = ("rollback", "remove")      # host/holds.py BY
 
 
 def _label(value) -> str:
@@ -64,7 +67,6 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
     tier = (doc.get("config") or {}).get("tier") or ""
     state = doc.get("state") or ""
     memory = doc.get("memory") or {}
-    packing = (doc.get("uvm") or {}).get("packing") or {}
     sb = doc.get("secure_boot") or {}
     records = doc.get("records") or {}
     common = {"driver": driver, "kernel": kernel, "tier": tier}
@@ -81,7 +83,7 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
            [({"version": doc.get("version") or "", **common, "state": state}, 1)])
     metric("state", "gauge", "1 for the node's status state, 0 for every other state.",
            [({"state": s}, int(s == state)) for s in STATES])
-    active = bool(packing.get("active")) if isinstance(packing, dict) else False
+    active = packing_active(doc.get("uvm"))      # the one reader (decide/packing.py), as status and D-Bus
     sample = sample or {}
     if sample.get("backing_bytes") is not None:
         memory = dict(memory, pagetable_backing=sample["backing_bytes"], saved=sample.get("saved_bytes"))
@@ -106,6 +108,12 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
            [({}, pending_since)])
     rollbacks = records.get("rollbacks") if isinstance(records.get("rollbacks"), list) else []
     metric("rollbacks_total", "counter", "Rollbacks to the stock nvidia-uvm on record.", [({}, len(rollbacks))])
+    hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
+    metric("held", "gauge", "1 when the administrator's rollback/remove holds the running kernel on stock "
+           "(until `spark-memsaver install`), by origin; else 0.",
+           [({"by": by}, int(hold.get("by") == by)) for by in HOLD_ORIGINS])
+    metric("held_since_seconds", "gauge", "Unix time the running kernel's hold was recorded; 0 if none.",
+           [({}, _rfc3339_to_unix(hold.get("since")))])
     findings = doc.get("findings") or []
     metric("findings", "gauge", "Findings of the last status, by severity.",
            [({"severity": sev}, sum(1 for f in findings if f.get("severity") == sev)) for sev in SEVERITIES])

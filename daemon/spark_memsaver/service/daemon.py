@@ -72,6 +72,7 @@ class Daemon:
             "Version": __version__, "State": "starting", "Findings": [], "KernelRelease": "",
             "DriverVersion": "", "UvmPatched": False, "PackingActive": False, "BackingBytes": 0, "SavedBytes": 0,
             "SecureBootState": "unknown", "LastError": "", "LastErrorName": "", "Interval": self.config.interval,
+            "HeldBy": "", "HeldSince": "",
             "JobId": 0, "JobOperation": "", "JobState": "none", "JobFraction": 0.0, "JobMessage": "",
         }
         self.jobs = JobManager(self._on_job)
@@ -164,11 +165,12 @@ class Daemon:
             self._start_monitor()
 
     def apply_doc(self, doc: dict) -> None:
-        from spark_memsaver.service.monitor import packing_active
+        from spark_memsaver.decide.packing import packing_active
 
         first = self.doc is None
         self.doc, self.doc_time = doc, time.time()
         mem, uvm = doc.get("memory") or {}, doc.get("uvm") or {}
+        hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
         self.set_props(
             Interval=self.config.interval,
             State=str(doc.get("state") or "unknown"), Findings=_findings(doc),
@@ -176,7 +178,8 @@ class Daemon:
             DriverVersion=str((doc.get("driver") or {}).get("loaded_version") or ""),
             UvmPatched=bool(uvm.get("loaded") and uvm.get("patched")), PackingActive=packing_active(uvm),
             BackingBytes=_u64(mem.get("pagetable_backing")), SavedBytes=_u64(mem.get("saved")),
-            SecureBootState=str((doc.get("secure_boot") or {}).get("state") or "unknown"))
+            SecureBootState=str((doc.get("secure_boot") or {}).get("state") or "unknown"),
+            HeldBy=str(hold.get("by") or ""), HeldSince=str(hold.get("since") or ""))
         if self.monitor is not None:
             self.monitor.document_changed()   # the Prometheus textfile follows the new document
         if first:

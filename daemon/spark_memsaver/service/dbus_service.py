@@ -34,7 +34,7 @@ def _prop(name: str, sig: str, emits: str = "true") -> str:
 PROPERTIES = {
     "Version": "s", "State": "s", "Findings": "a(ssss)", "KernelRelease": "s", "DriverVersion": "s",
     "UvmPatched": "b", "PackingActive": "b", "BackingBytes": "t", "SavedBytes": "t", "SecureBootState": "s",
-    "LastError": "s", "LastErrorName": "s", "Interval": "u",
+    "LastError": "s", "LastErrorName": "s", "Interval": "u", "HeldBy": "s", "HeldSince": "s",
     "JobId": "u", "JobOperation": "s", "JobState": "s", "JobFraction": "d", "JobMessage": "s",
 }
 

@@ -16,6 +16,7 @@ import os
 import time
 from typing import Callable
 
+from spark_memsaver.decide.packing import packing_active  # noqa: F401  (the one reader: decide/packing.py)
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver.host import Host, paths
 
@@ -32,16 +33,6 @@ PENDING_NAME = os.path.basename(paths.SOURCES_PENDING)
 # build we run does not trigger a reconcile of itself.
 SRC_PREFIXES = ("nvidia", "linux-headers")
 SETTLE_S = 5
-
-
-def packing_active(uvm: dict) -> bool:
-    """Our module is loaded, its counters parse, packing is on and at least one GPU qualified."""
-    p = uvm.get("packing") or {}
-    if not (uvm.get("loaded") and uvm.get("patched")) or not p or "error" in p:
-        return False
-    if p.get("tier") == "off":
-        return False
-    return not (p.get("trees_packed", 0) == 0 and p.get("trees_unpacked", 0) > 0)
 
 
 def take_sample(host: Host, reason: str) -> dict:
