@@ -5,10 +5,10 @@ named lock. Debian packages come through a private apt configuration (own source
 under the cache, APT::Architectures amd64+arm64); the system's apt state is never touched.
 
 Kernels (``kernel(kind) -> Kernel``):
-  ``debug-64k``   Debian's linux-source-7.x built for arm64 with CONFIG_ARM64_64K_PAGES=y, a minimal config
-                  plus KASAN, PROVE_LOCKING, DEBUG_PAGEALLOC, DMA_API_DEBUG, KMEMLEAK
-                  (tests/kernel/debug-64k.config). Built only when SPARK_MEMSAVER_BUILD_KERNEL=1, else
-                  taken from the cache or reported unavailable.
+  ``debug-64k`` / ``debug-6.12-64k``  Debian's linux-source-7.x / -6.12 built for arm64 with
+                  CONFIG_ARM64_64K_PAGES=y, a minimal config plus KASAN, PROVE_LOCKING, DEBUG_PAGEALLOC,
+                  DMA_API_DEBUG, KMEMLEAK (tests/support/debugkernel.py). Built only when
+                  SPARK_MEMSAVER_BUILD_KERNEL=1, else taken from the cache or reported unavailable.
   ``debian-4k`` / ``debian-16k``  Debian's prebuilt linux-image-arm64 / -arm64-16k (the newest 7.x offered
                   by sid / experimental / trixie-backports); out-of-tree modules are built against the same
                   linux-source prepared with that image's own .config (Debian's headers want gcc-14, which
@@ -159,47 +159,13 @@ def _linux_source(opts, version: str) -> Path:
     return tarballs[-1]
 
 
-def _options(frag: Path) -> list[str]:
-    return [ln.strip() for ln in frag.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-
-
-def debug_kernel_64k() -> Kernel:
-    base = cache.cache_dir() / "kernel" / "debug-64k"
-    tree = base / "build" / "linux-source-7.3"
-    stamp = base / _READY
-    if not stamp.exists() and (tree / "arch/arm64/boot/Image").exists() and (tree / "Module.symvers").exists():
-        # a build finished by hand with the same steps (docs/kernel-tests.md) counts once its config checks out
-        cfg = (tree / ".config").read_text()
-        if all(o in cfg.splitlines() for o in _options(KDIR / "debug-64k.config")):
-            stamp.write_text("adopted\n")
-    if not stamp.exists():
-        if os.environ.get("SPARK_MEMSAVER_BUILD_KERNEL") != "1":
-            raise Unavailable("the 64 KiB debug kernel is not cached; build it with SPARK_MEMSAVER_BUILD_KERNEL=1 "
-                              "(about 9 min of 2 cores, see docs/kernel-tests.md)")
-        with cache.locked("kernel-debug-64k"):
-            if not stamp.exists():
-                opts = _apt()
-                tarball = _linux_source(opts, newest_version(opts, "linux-source"))
-                shutil.rmtree(base, ignore_errors=True)
-                (base / "build").mkdir(parents=True)
-                _run(["tar", "-xf", tarball, "-C", base / "build"])
-                tree = next((base / "build").glob("linux-source-*"))
-                env = {"ARCH": "arm64", "CROSS_COMPILE": CROSS}
-                _run(["make", "allnoconfig"], cwd=tree, env=env)
-                with open(tree / ".config", "a") as fh:
-                    fh.write("\n".join(_options(KDIR / "debug-64k.config")) + "\n")
-                _run(["make", "olddefconfig"], cwd=tree, env=env)
-                cfg = (tree / ".config").read_text().splitlines()
-                dropped = [o for o in _options(KDIR / "debug-64k.config") if o not in cfg]
-                if dropped:
-                    raise Unavailable(f"olddefconfig dropped {dropped}")
-                t0 = time.time()
-                _run(["nice", "-n", "10", "make", "-j2", "Image", "modules"], cwd=tree, env=env, timeout=7200,
-                     log=base / "build.log")
-                stamp.write_text(f"built in {time.time() - t0:.0f}s\n")
-    tree = next((base / "build").glob("linux-source-*"))
-    rel = (tree / "include/config/kernel.release").read_text().strip()
-    return Kernel("debug-64k", tree / "arch/arm64/boot/Image", tree, rel, 65536)
+def debug_kernel_64k(series: str = "7.") -> Kernel:
+    """The 64 KiB debug kernel from linux-source-<series> (tests/support/debugkernel.py)."""
+    try:
+        from . import debugkernel
+    except ImportError:  # pragma: no cover
+        import debugkernel  # type: ignore
+    return debugkernel.debug_kernel(series)
 
 
 def debian_kernel(flavour: str, major: str = "7.") -> Kernel:
@@ -242,6 +208,8 @@ def debian_kernel(flavour: str, major: str = "7.") -> Kernel:
 def kernel(kind: str) -> Kernel:
     if kind == "debug-64k":
         return debug_kernel_64k()
+    if kind == "debug-6.12-64k":
+        return debug_kernel_64k("6.12.")
     if kind == "debian-4k":
         return debian_kernel("arm64")
     if kind == "debian-16k":

@@ -143,9 +143,9 @@ def cache_key(k: qemu.Kernel, version: str, digest: str) -> str:
     return f"{version}-{k.kind}-{k.release}-{digest}"
 
 
-def cached_build(k: qemu.Kernel, version: str, inject: int = 0) -> Built:
-    """build() once per (kernel, version, inputs) under the cache; inputs = our files that go into the modules
-    (the pool, the branch patches, the stand-in); a change to build() itself needs the cache entry removed."""
+def _entry(k: qemu.Kernel, version: str, inject: int = 0) -> Path:
+    """The cache entry of build(k, version) for the current inputs: our files that go into the modules (the pool,
+    the branch patches, the stand-in); a change to any of them is a new entry."""
     import hashlib
     h = hashlib.sha256()
     for f in sorted([*(REPO / "uvm_patch/src").iterdir(), *(KDIR / "standin-rm").iterdir(),
@@ -153,9 +153,18 @@ def cached_build(k: qemu.Kernel, version: str, inject: int = 0) -> Built:
         if f.is_file() and f.suffix != ".pyc":
             h.update(f.name.encode() + b"\0" + f.read_bytes())
     key = cache_key(k, version, h.hexdigest()[:12]) + (f"-inject{inject}" if inject else "")
-    base = cache.cache_dir() / "uvmvm" / key
+    return cache.cache_dir() / "uvmvm" / key
+
+
+def is_cached(k: qemu.Kernel, version: str, inject: int = 0) -> bool:
+    return (_entry(k, version, inject) / ".ready").exists()
+
+
+def cached_build(k: qemu.Kernel, version: str, inject: int = 0) -> Built:
+    """build() once per (kernel, version, inputs) under the cache (see _entry)."""
+    base = _entry(k, version, inject)
     stamp = base / ".ready"
-    with cache.locked(f"uvmvm-{key}"):
+    with cache.locked(f"uvmvm-{base.name}"):
         if not stamp.exists():
             b = build(k, version, base / "b", inject=inject)
             stamp.write_text(f"{b.seconds:.0f}\n")

@@ -4,7 +4,13 @@
  * (tests/test_kernel_pagetree.py). Static arm64. The ioctl numbers and parameter structs come from
  * the NVIDIA tree being tested (uvm_linux_ioctl.h, uvm_test_ioctl.h on the include path at build time).
  *
- *   pt_run [TEST...]      TEST: page_tree (default) | lock | kvmalloc | range_tree | rb_tree
+ *   pt_run [TEST...]      TEST: page_tree (default) | gpu_free (every test below) | one of them:
+ *                         rng range_tree range_tree_random rb_tree rb_tree_random lock kvmalloc perf_utils
+ *                         range_allocator kthread_q thread_context mem cpu_chunk
+ *
+ * The GPU-free ones are NVIDIA's built-in tests that do real work without a registered GPU (the list and why
+ * each other test is not run: docs/kernel-tests.md). Parameters of the random tests: fixed seeds, sizes small
+ * enough for a KASAN kernel under TCG.
  *
  * One line per step: "PT-RUN step=<name> ioctl=<rc> errno=<n> rmStatus=0x<hex>"; exit 0 only when
  * the device opened, UVM_INITIALIZE and every test returned NV_OK.
@@ -26,14 +32,67 @@ static int report(const char *step, int rc, NV_STATUS st)
     return rc == 0 && st == NV_OK;
 }
 
-#define RUN(fd, name, NUM, TYPE)                                   \
+/* SET: statements on `p` (the test's parameters) before the call */
+#define RUN_SET(fd, name, NUM, TYPE, SET)                          \
     do {                                                           \
         TYPE p;                                                    \
         int rc;                                                    \
         memset(&p, 0, sizeof(p));                                  \
+        SET;                                                       \
         rc = ioctl(fd, NUM, &p);                                   \
         ok &= report(name, rc, p.rmStatus);                        \
     } while (0)
+#define RUN(fd, name, NUM, TYPE) RUN_SET(fd, name, NUM, TYPE, (void)0)
+
+static const char *const gpu_free[] = {
+    "rng", "range_tree", "range_tree_random", "rb_tree", "rb_tree_random", "lock", "kvmalloc", "perf_utils",
+    "range_allocator", "kthread_q", "thread_context", "mem", "cpu_chunk", NULL,
+};
+
+static int run_one(int fd, const char *t)
+{
+    int ok = 1;
+
+    if (!strcmp(t, "page_tree"))
+        RUN(fd, "page_tree", UVM_TEST_PAGE_TREE, UVM_TEST_PAGE_TREE_PARAMS);
+    else if (!strcmp(t, "rng"))
+        RUN(fd, t, UVM_TEST_RNG_SANITY, UVM_TEST_RNG_SANITY_PARAMS);
+    else if (!strcmp(t, "range_tree"))
+        RUN(fd, t, UVM_TEST_RANGE_TREE_DIRECTED, UVM_TEST_RANGE_TREE_DIRECTED_PARAMS);
+    else if (!strcmp(t, "range_tree_random"))
+        RUN_SET(fd, t, UVM_TEST_RANGE_TREE_RANDOM, UVM_TEST_RANGE_TREE_RANDOM_PARAMS,
+                (p.seed = 1, p.main_iterations = 2000, p.high_probability = 80,
+                 p.add_remove_shrink_group_probability = 50, p.shrink_probability = 20, p.collision_checks = 4,
+                 p.iterator_checks = 4, p.max_end = 1ull << 32, p.max_ranges = 500, p.max_batch_count = 10,
+                 p.max_attempts = 20));
+    else if (!strcmp(t, "rb_tree"))
+        RUN(fd, t, UVM_TEST_RB_TREE_DIRECTED, UVM_TEST_RB_TREE_DIRECTED_PARAMS);
+    else if (!strcmp(t, "rb_tree_random"))
+        RUN_SET(fd, t, UVM_TEST_RB_TREE_RANDOM, UVM_TEST_RB_TREE_RANDOM_PARAMS,
+                (p.iterations = 20000, p.range_max = 1ull << 20, p.node_limit = 500, p.seed = 1));
+    else if (!strcmp(t, "lock"))
+        RUN(fd, t, UVM_TEST_LOCK_SANITY, UVM_TEST_LOCK_SANITY_PARAMS);
+    else if (!strcmp(t, "kvmalloc"))
+        RUN(fd, t, UVM_TEST_KVMALLOC, UVM_TEST_KVMALLOC_PARAMS);
+    else if (!strcmp(t, "perf_utils"))
+        RUN(fd, t, UVM_TEST_PERF_UTILS_SANITY, UVM_TEST_PERF_UTILS_SANITY_PARAMS);
+    else if (!strcmp(t, "range_allocator"))
+        RUN_SET(fd, t, UVM_TEST_RANGE_ALLOCATOR_SANITY, UVM_TEST_RANGE_ALLOCATOR_SANITY_PARAMS,
+                (p.seed = 1, p.iters = 2000));
+    else if (!strcmp(t, "kthread_q"))
+        RUN(fd, t, UVM_TEST_NV_KTHREAD_Q, UVM_TEST_NV_KTHREAD_Q_PARAMS);
+    else if (!strcmp(t, "thread_context"))
+        RUN_SET(fd, t, UVM_TEST_THREAD_CONTEXT_SANITY, UVM_TEST_THREAD_CONTEXT_SANITY_PARAMS, (p.iterations = 100));
+    else if (!strcmp(t, "mem"))
+        RUN(fd, t, UVM_TEST_MEM_SANITY, UVM_TEST_MEM_SANITY_PARAMS);
+    else if (!strcmp(t, "cpu_chunk"))
+        RUN(fd, t, UVM_TEST_CPU_CHUNK_API, UVM_TEST_CPU_CHUNK_API_PARAMS);
+    else {
+        printf("PT-RUN step=%s unknown\n", t);
+        ok = 0;
+    }
+    return ok;
+}
 
 int main(int argc, char **argv)
 {
@@ -51,19 +110,13 @@ int main(int argc, char **argv)
     for (i = 1; i < argc || (argc == 1 && i == 1); i++) {
         const char *t = argc == 1 ? "page_tree" : argv[i];
 
-        if (!strcmp(t, "page_tree"))
-            RUN(fd, "page_tree", UVM_TEST_PAGE_TREE, UVM_TEST_PAGE_TREE_PARAMS);
-        else if (!strcmp(t, "lock"))
-            RUN(fd, "lock", UVM_TEST_LOCK_SANITY, UVM_TEST_LOCK_SANITY_PARAMS);
-        else if (!strcmp(t, "kvmalloc"))
-            RUN(fd, "kvmalloc", UVM_TEST_KVMALLOC, UVM_TEST_KVMALLOC_PARAMS);
-        else if (!strcmp(t, "range_tree"))
-            RUN(fd, "range_tree", UVM_TEST_RANGE_TREE_DIRECTED, UVM_TEST_RANGE_TREE_DIRECTED_PARAMS);
-        else if (!strcmp(t, "rb_tree"))
-            RUN(fd, "rb_tree", UVM_TEST_RB_TREE_DIRECTED, UVM_TEST_RB_TREE_DIRECTED_PARAMS);
-        else {
-            printf("PT-RUN step=%s unknown\n", t);
-            ok = 0;
+        if (!strcmp(t, "gpu_free")) {
+            const char *const *g;
+
+            for (g = gpu_free; *g; g++)
+                ok &= run_one(fd, *g);
+        } else {
+            ok &= run_one(fd, t);
         }
     }
     close(fd);
