@@ -34,7 +34,7 @@ from tests.support import driverdeb, needs, nvsrc
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = up.load_manifest(REPO / "uvm_patch")
-VERIFIED = [(v, e) for e in MANIFEST.entries if e.qualification == "compile-verified" for v in e.versions]
+VERIFIED = [(v, e) for e in MANIFEST.entries if e.qualification in qual.VERIFIED for v in e.versions]
 MMU = "nvidia-uvm/uvm_mmu.c"
 # what check_source reads: the layout check, the version, the three hooked files
 FILES = ["Kbuild", "Makefile", "conftest.sh", "dkms.conf", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
@@ -91,7 +91,7 @@ def test_every_verified_version_records_every_hooked_file():
         assert sorted(e.hooked_files[v]) == paths, v
         assert all(len(h) == 64 and int(h, 16) >= 0 for h in e.hooked_files[v].values()), v
     for e in MANIFEST.entries:
-        if e.qualification != "compile-verified":
+        if e.qualification not in qual.VERIFIED:
             assert not e.hooked_files
 
 
@@ -187,6 +187,51 @@ def test_decide(case, version, match, hashes, want):
         assert got["verified_on"] == ["k"]
     else:
         assert got["verified_on"] == []
+
+
+RUN = {"suite": "UVM_TEST_PAGE_TREE", "kernel": "k64", "page_size": 65536, "tiers": ["off", "leaf"],
+       "date": "2026-12-02"}
+
+
+@pytest.mark.parametrize("version, match, hashes, want", [
+    ("1.5", "exact", B, ("nvidia-tests", "version", None)),          # the tested tree itself
+    ("1.5", "exact", None, ("nvidia-tests", "version", None)),
+    ("1.4", "exact", B, ("nvidia-tests", "content", "1.5")),         # compile-verified entry, tested bytes: upgraded
+    ("1.4", "exact", None, ("compile-verified", "version", None)),   # no tree: by version only
+    ("1.2", "exact", A, ("compile-verified", "version", None)),      # other bytes: stays compile-verified
+    ("1.5", "exact", A, ("untested", "content", None)),              # drifted from what was tested
+    ("1.3", "range", B, ("nvidia-tests", "content", "1.5")),         # the highest level wins over the nearer 1.4
+    ("1.1", None, A, ("compile-verified", "content", "1.2")),
+])
+def test_decide_nvidia_tests_level(version, match, hashes, want):
+    """nvidia-tests sits above compile-verified: a tree with the tested tree's hooked files inherits it by content
+    (also a compile-verified exact entry's tree), with the recorded runs; a drifted tested tree is untested."""
+    compiled = _entry("r1", "compile-verified", ["1.2", "1.4"], {"1.2": A, "1.4": B})
+    tested = SimpleNamespace(branch="r1", qualification="nvidia-tests", versions=["1.5"], verified_on=["k"],
+                             hooked_files={"1.5": B}, nvidia_tests=[RUN])
+    rng = _entry("r1", "untested")
+    entry = {"1.5": tested, "1.4": compiled, "1.2": compiled}.get(version) if match == "exact" else rng
+    got = qual.decide(version, entry if match else None, match, hashes, [compiled, tested, rng], nearest_branch="r1")
+    assert (got["qualification"], got["by"], got["inherited_from"]) == want, got
+    assert got["nvidia_tests"] == ([RUN] if want[0] == "nvidia-tests" else [])
+
+
+@pytest.mark.parametrize("bad", ["no-runs", "run-lacks-date", "runs-on-compile-verified", "unknown-level"])
+def test_malformed_nvidia_tests_are_refused(tmp_path, bad):
+    def edit(d):
+        e = _r550(d)
+        if bad == "no-runs":
+            e["qualification"] = "nvidia-tests"
+        elif bad == "run-lacks-date":
+            e["qualification"], e["nvidia_tests"] = "nvidia-tests", [{k: v for k, v in RUN.items() if k != "date"}]
+        elif bad == "runs-on-compile-verified":
+            e["nvidia_tests"] = [RUN]
+        else:
+            e["qualification"] = "hardware-validated"
+    with pytest.raises(up.ManifestInvalid):
+        up.load_manifest(_edited(tmp_path, edit))
+    ok = _edited(tmp_path / "ok", lambda d: _r550(d).update(qualification="nvidia-tests", nvidia_tests=[RUN]))
+    assert next(e for e in up.load_manifest(ok).entries if e.versions == ["550.163.01"]).nvidia_tests == [RUN]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -320,7 +365,7 @@ def test_patch_list_shows_hashes_and_inheritance():
     assert rng["qualification"] == "untested" and "580.142" in rng["inherits_by_content_from"]
     text = _cli("list").stdout
     assert "content hashes: 580.95.05, 580.105.08, 580.142" in text
-    assert "compile-verified by content where the hooked files are identical to" in text
+    assert "verified by content where the hooked files are identical to" in text
 
 
 def test_driverdebs_unsupported_driver_stays_unknown(tmp_path):

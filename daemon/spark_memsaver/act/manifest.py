@@ -1,8 +1,10 @@
 """uvm_patch/manifest.yaml: where the patch data lives and what the manifest says (format 1).
 
 Split out of act/patch.py (which re-exports every name here). Each driver entry: exact ``versions`` or a
-``range``, ``branch``, ``qualification`` (compile-verified needs ``verified_on``), and for compile-verified trees
-``hooked_files: {version: {path: sha256}}`` (every file the branch's hook patch touches; uvm_patch/gen-hashes).
+``range``, ``branch``, ``qualification`` (a verified level, compile-verified or nvidia-tests, needs ``verified_on``),
+for verified trees ``hooked_files: {version: {path: sha256}}`` (every file the branch's hook patch touches;
+uvm_patch/gen-hashes), and for nvidia-tests ``nvidia_tests``: the runs of NVIDIA's built-in tests that passed
+(suite, kernel, page_size, tiers, date; decide/qualification.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 from spark_memsaver.decide import qualification as qual
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 
-QUALIFICATIONS = ("compile-verified", "untested")  # never "hardware-validated": nothing of ours is, yet
+# never "hardware-validated": nothing of ours is, yet
+QUALIFICATIONS = ("nvidia-tests", "compile-verified", "untested")
+VERIFIED = qual.VERIFIED
 _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -57,6 +61,7 @@ class Entry:
     range_below: str | None = None                       # exclusive
     verified_on: list[str] = field(default_factory=list)
     hooked_files: dict[str, dict[str, str]] = field(default_factory=dict)   # version -> {path: sha256}
+    nvidia_tests: list[dict] = field(default_factory=list)                   # nvidia-tests: the runs that passed
 
     def matches_exact(self, v: str) -> bool:
         return v in self.versions
@@ -123,19 +128,23 @@ def load_manifest(root: Path | None = None) -> Manifest:
         for v in versions + [str(x) for x in rng.values()]:
             if not _VERSION_RE.match(v):
                 raise bad(f"drivers[{i}]: bad version {v!r}")
-        if q == "compile-verified" and (not versions or not raw.get("verified_on")):
-            raise bad(f"drivers[{i}]: compile-verified needs exact versions and verified_on")
+        if q in VERIFIED and (not versions or not raw.get("verified_on")):
+            raise bad(f"drivers[{i}]: {q} needs exact versions and verified_on")
         hooked = raw.get("hooked_files")
         why = qual.check_hooked_files(hooked, versions, sorted(
             {p for f in branches[raw["branch"]] for p in qual.hooked_paths(f.read_text(errors="replace"))}))
-        if why or (hooked and q != "compile-verified"):
-            raise bad(f"drivers[{i}]: {why or 'hooked_files belong to compile-verified entries only'}")
+        if why or (hooked and q not in VERIFIED):
+            raise bad(f"drivers[{i}]: {why or 'hooked_files belong to verified entries only'}")
+        why = qual.check_test_records(raw.get("nvidia_tests"), q)
+        if why:
+            raise bad(f"drivers[{i}]: {why}")
         entries.append(Entry(branch=raw["branch"], qualification=q, versions=versions,
                              range_min=str(rng["min"]) if "min" in rng else None,
                              range_below=str(rng["below"]) if "below" in rng else None,
                              verified_on=[str(x) for x in raw.get("verified_on", [])],
                              hooked_files={str(v): {str(p): str(h) for p, h in f.items()}
-                                           for v, f in (hooked or {}).items()}))
+                                           for v, f in (hooked or {}).items()},
+                             nvidia_tests=[{str(k): v for k, v in r.items()} for r in raw.get("nvidia_tests") or []]))
     if not entries:
         raise bad("no drivers listed")
     return Manifest(root=root, pool_files=pool, branches=branches, entries=entries)

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from spark_memsaver.act.manifest import (QUALIFICATIONS, _VERSION_RE, Entry, Manifest, ManifestInvalid,  # noqa: F401
-                                         _vkey, load_manifest, patch_data_dir)
+from spark_memsaver.act.manifest import (QUALIFICATIONS, VERIFIED, _VERSION_RE, Entry, Manifest,  # noqa: F401
+                                         ManifestInvalid, _vkey, load_manifest, patch_data_dir)
 from spark_memsaver.decide import qualification as qual
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 from spark_memsaver.host.runner import Runner
@@ -269,9 +269,9 @@ def check_source(source: Path, *, allow_untested: bool = False, manifest: Manife
     source = Path(source)
     version = read_tree_version(source)
     q = qualify(source, version, manifest)
-    content = {k: q[k] for k in ("by", "inherited_from", "drifted", "compared_with")}
+    content = {k: q[k] for k in ("by", "inherited_from", "drifted", "compared_with", "nvidia_tests")}
     sel = select(manifest, version)
-    if sel is None and q["qualification"] == "compile-verified":   # unlisted, hooked files of a verified tree
+    if sel is None and q["qualification"] in VERIFIED:   # unlisted, hooked files of a verified tree
         sel = Selection(version, q["branch"], manifest.branches[q["branch"]], q["qualification"], "content", [])
     if sel is None:
         near = nearest(manifest, version)

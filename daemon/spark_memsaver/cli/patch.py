@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 import click
 import json
-from spark_memsaver.act.patch import (apply_patch, check_source, load_manifest)
+from spark_memsaver.act.patch import (VERIFIED, apply_patch, check_source, load_manifest)
 
 
 def register(root_group) -> None:
@@ -58,7 +58,7 @@ def check_cmd(source, allow_untested, as_json):
     r = check_source(source, allow_untested=allow_untested)
     r.pop("_selection", None)
     _print(r, as_json, [f"NVIDIA {r['version']}: {r['branch']} patch ({r['match']} match, "
-                        f"{_qualified(r)}) applies cleanly"] + _drift_lines(r))
+                        f"{_qualified(r)}) applies cleanly"] + _test_lines(r) + _drift_lines(r))
     return 0
 
 
@@ -72,10 +72,16 @@ def _qualified(r: dict) -> str:
     return text
 
 
+def _test_lines(r: dict) -> list[str]:
+    """One line per recorded run of NVIDIA's built-in tests that vouches for this tree (nvidia-tests)."""
+    return [f"  NVIDIA's tests passed: {t['suite']}; {t['kernel']}; {int(t['page_size']) // 1024} KiB pages; "
+            f"tiers {', '.join(map(str, t['tiers']))}; {t['date']}" for t in r.get("nvidia_tests") or []]
+
+
 def _drift_lines(r: dict) -> list[str]:
     if not r.get("drifted"):
         return []
-    return [f"hooked files that differ from the compile-verified {r['compared_with']} tree: "
+    return [f"hooked files that differ from the verified {r['compared_with']} tree: "
             + ", ".join(r["drifted"]),
             "warning: this tree is not the one that was compiled: UNTESTED (the zero-fuzz dry run decides)"]
 
@@ -88,24 +94,25 @@ def list_cmd(as_json):
     rows = []
     for e in m.entries:
         what = ", ".join(e.versions) if e.versions else f">={e.range_min or '0'} <{e.range_below or 'inf'}"
-        # the compile-verified trees of this branch a tree may inherit from by content (identical hooked files)
-        donors = sorted({v for d in m.entries if d.branch == e.branch and d.qualification == "compile-verified"
+        # the verified trees of this branch a tree may inherit from by content (identical hooked files)
+        donors = sorted({v for d in m.entries if d.branch == e.branch and d.qualification in VERIFIED
                          for v in d.hooked_files}, key=lambda v: tuple(map(int, v.split("."))))
         rows.append({"versions": e.versions, "range": [e.range_min, e.range_below] if not e.versions else None,
                      "branch": e.branch, "qualification": e.qualification, "verified_on": e.verified_on,
                      "hashes_recorded": sorted(e.hooked_files, key=lambda v: tuple(map(int, v.split(".")))),
                      "hashes_missing": [v for v in e.versions
-                                        if e.qualification == "compile-verified" and v not in e.hooked_files],
-                     "hooked_files": e.hooked_files, "inherits_by_content_from": donors, "_what": what})
+                                        if e.qualification in VERIFIED and v not in e.hooked_files],
+                     "hooked_files": e.hooked_files, "nvidia_tests": e.nvidia_tests, "inherits_by_content_from": donors, "_what": what})
     lines = []
     for r in rows:
         lines.append(f"{r['_what']:<40} {r['branch']:<6} {r['qualification']}"
                      + (f" ({'; '.join(r['verified_on'])})" if r["verified_on"] else ""))
-        if r["qualification"] == "compile-verified":
+        lines += [f"{'':<40}{t}" for t in _test_lines(r)]
+        if r["qualification"] in VERIFIED:
             lines.append(f"{'':<40} content hashes: " + (", ".join(r["hashes_recorded"]) or "none")
                          + (f"; MISSING for {', '.join(r['hashes_missing'])}" if r["hashes_missing"] else ""))
         elif r["inherits_by_content_from"]:
-            lines.append(f"{'':<40} compile-verified by content where the hooked files are identical to "
+            lines.append(f"{'':<40} verified by content where the hooked files are identical to "
                          + ", ".join(r["inherits_by_content_from"]) + "'s")
     _print({"drivers": [{k: v for k, v in r.items() if k != "_what"} for r in rows]}, as_json, lines)
     return 0
