@@ -15,6 +15,14 @@ against the userspace shim (tests/harness/libptbench.so, one build per PAGE_SIZE
 The root (depth 0) always takes NVIDIA's path (one whole page). Figures are taken at the end of the
 trace (the state the seed measured) and at the trace's peak.
 
+16 KiB kernels (the field's question): the same trace replayed through the pool built with PAGE_SIZE 16 KiB
+(libptbench bench-14). Model assumptions, stated: the GPU mappings and therefore the tables are the same as on the
+64 KiB node (UVM's CPU chunk sizes are 2M | 64K | PAGE_SIZE on every kernel, uvm_pmm_sysmem.h, so managed memory is
+still mapped with 64K GPU pages and 256 B leaf tables); stock NVIDIA backs every table with at least one whole
+page (alloc_pages(get_order(size))), i.e. 16 KiB per table; the pool's tiers route as on 64 KiB (a tier is
+active when a page holds at least two of its slots). NVIDIA's own page-tree test does not pass on 16 KiB even
+with the pool off (check_sizes: docs/kernel-tests.md), so 16 KiB figures are the model's only.
+
 Usage: benchmarks/pagetable_backing.py [--seed N]
 Tiers: leaf (the default, module parameter 3: 256 B leaf tables of user trees in 4 KiB slots),
 4k-all (1: every non-root table of every tree in 4 KiB slots), 256 (2: 256 B slots).
@@ -306,7 +314,7 @@ def main():
     print(f"end state: {n256} tables of 256 B, {n4k} tables of 4 KiB ({roots} of them roots); "
           f"seed's node: 52,989 and ~259")
 
-    lib16, lib4 = Lib(16), Lib(12)
+    lib16, lib14, lib4 = Lib(16), Lib(14), Lib(12)
     stock4k = (n256 + n4k) * 4 * KIB
     stock64k = (n256 + n4k) * 64 * KIB
     ideal = n256 * 256 + n4k * 4096
@@ -321,6 +329,8 @@ def main():
     r["default_gpu"] = replay(trace, lib16, TIER_4K_ALL, "gpu")
     r["tier256_gpu"] = replay(trace, lib16, 2, "gpu")
     r["tier256_4k"] = replay(trace, lib4, 2, "tree")
+    for name, tier in (("leaf", TIER_LEAF), ("4k_all", TIER_4K_ALL), ("tier256", TIER_256)):
+        r[f"{name}_16k"] = replay(trace, lib14, tier, "tree")
 
     rows += [
         ("published design (256 B user leaves in 4 KiB slots), 64 KiB", r["published"][0], r["published"][1]),
@@ -344,6 +354,18 @@ def main():
     print()
     print(f"256 B tier on a 4 KiB kernel, per-tree pools: {gib(r['tier256_4k'][0])} "
           f"ratio {r['tier256_4k'][0] / stock4k:.3f}")
+    stock16k = (n256 + n4k) * 16 * KIB
+    print()
+    print("16 KiB kernel (model: the same tables as on 64 KiB, stock = one 16 KiB page per table):")
+    print(f"  {'stock 16 KiB kernel':40s} {gib(stock16k):>14s} ratio {stock16k / stock4k:.3f}  "
+          f"(vs stock 64 KiB: {stock16k / stock64k:.3f})")
+    for name, key in [("our default tier leaf, per-tree pools", "leaf_16k"),
+                      ("our 4k-all tier, per-tree pools", "4k_all_16k"), ("our 256 B tier, per-tree pools", "tier256_16k")]:
+        end, peak, _ = r[key]
+        print(f"  {name:40s} {gib(end):>14s} ratio {end / stock4k:.3f}  (vs stock 16 KiB: {end / stock16k:.3f}; "
+              f"peak {gib(peak)})")
+    print(f"16k: stock={stock16k / stock4k:.3f} leaf={r['leaf_16k'][0] / stock4k:.3f} "
+          f"4k_all={r['4k_all_16k'][0] / stock4k:.3f} tier256={r['tier256_16k'][0] / stock4k:.3f}")
     s = r["tier256"][2]
     print(f"counters at the end (256 B tier): c256_tables {s['c256_tables']} c256_pages {s['c256_pages']} "
           f"c4096_tables {s['c4096_tables']} c4096_pages {s['c4096_pages']} saved_bytes {s['saved_bytes']}")
