@@ -251,10 +251,7 @@ def test_switch_absent_from_the_dkms_build(tmp_path):
         rendered = root / r["path"].lstrip("/")
         assert (rendered / "uvm_patch/src/uvm_pt_pack.c").is_file()
         assert _switch_hits(rendered) == [], tier
-    try:
-        src = nvsrc.nvidia_source(VERSION)
-    except nvsrc.SourceUnavailable:
-        src = nvsrc.nvidia_source("550.163.01")   # Debian's: CI can fetch it
+    src = nvsrc.nvidia_source(VERSION)
     for value in (None, *policy.TIERS.values()):
         dest = tmp_path / f"apply-{value}"
         patch.apply_patch(src, dest, value, slim=True)
