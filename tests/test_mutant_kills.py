@@ -53,7 +53,45 @@ def test_mixed_target_drivers_in_one_transaction_remove_the_override():
     same = apt.assess(_snap(), [pkg("linux-modules-nvidia", "550.163.01")])
     assert same["steps"] == [] and [n["kind"] for n in same["notes"]] == ["kept"]
     mixed = apt.assess(_snap(), [pkg("linux-modules-nvidia", "550.163.01"), pkg("linux-objects-nvidia", "550.163.02")])
-    assert [(s.action, s.kernel, s.driver_from) for s in mixed["steps"]] == [("remove-override", K, "550.163.01")]
+    assert [(s.action, s.kernel, s.driver_from, s.code) for s in mixed["steps"]] == [
+        ("remove-override", K, "550.163.01", "driver-changing")]
+
+
+@pytest.mark.parametrize("deb,up", [("1:555.58.02-1", "555.58.02"), ("550.163.01+really1~deb12u1-2", "550.163.01"),
+                                    ("580.142~rc1", "580.142"), ("580.142-0ubuntu0.24.04.1", "580.142"),
+                                    ("-", None), ("garbage", None)])
+def test_the_driver_a_debian_version_names(deb, up):
+    """(Kills: the '[+~]' split of upstream_of_deb mutated.)"""
+    assert apt.upstream_of_deb(deb) == up
+
+
+def test_apt_hook_v2_line_keeps_the_whole_action():
+    """A v2 hook line's action is every field after the new version, joined by one space: '**CONFIGURE**' and
+    a removal's '**REMOVE**' are what the door compares. (Kills: the join string mutated.)"""
+    text = "VERSION 2\nAPT::Architecture=arm64\n\nnvidia-kernel-source-580-open 580.95.05 < 580.142 **CONFIGURE**\n" \
+           "linux-modules-nvidia-580-6.8.0-50-generic 1 > - **REMOVE** now\n"
+    assert [(c["name"], c["old"], c["new"], c["action"]) for c in apt.parse_apt_hook(text)] == [
+        ("nvidia-kernel-source-580-open", "580.95.05", "580.142", "**CONFIGURE**"),
+        ("linux-modules-nvidia-580-6.8.0-50-generic", "1", None, "**REMOVE** now")]
+
+
+# --- the planner: a failed build is not retried automatically for the same driver ---------------------------
+
+@pytest.mark.parametrize("code,retried", [("build-failed", False), ("patch-failed", False), ("install-failed", False),
+                                          ("driver-changing", True)])
+def test_no_automatic_retry_after_a_failed_build_install_or_patch(code, retried):
+    """After a rollback coded build-failed / patch-failed / install-failed for the driver now installed, reconcile
+    stays stock and says how to retry; any other code rebuilds. (Kills: a code dropped from NO_AUTO_RETRY.)"""
+    from spark_memsaver.decide import plan as rc
+    from tests.test_lifecycle import CFG, K as LK, SUPPORT, kern, snap
+    s = snap(kern(nv="555.58.02"), rollbacks=[{"kernel": LK, "time": "2026-01-01T00:00:00Z", "code": code,
+                                                "driver_from": "550.163.01", "driver_to": "555.58.02",
+                                                "reason": "make failed"}])
+    steps = rc.plan(s, CFG, SUPPORT, alive_pids=set())
+    assert [(x.action, x.kernel) for x in steps] == [("build-install" if retried else "stay-stock", LK)], steps
+    if not retried:
+        assert "the last build for driver 555.58.02 failed (make failed)" in steps[0].reason
+        assert steps[0].remedy == f"spark-memsaver install --kernel {LK}"
 
 
 # --- hazards -----------------------------------------------------------------------------------------------
