@@ -168,3 +168,26 @@ def test_sizes_of_4_gib_and_more_reach_the_driver_whole(standin, size):
         last.value = last_ptr.value = 0
         call()
         assert (last.value, last_ptr.value) == (size, 5 * GIB)
+
+
+# --- the kernel policy --------------------------------------------------------------------------------------
+
+def test_policy_answers_exactly():
+    """(Kills, in decide/policy.py: the error code, the dkms.conf keys, an in-policy reason that is not empty,
+    preempt_rt ignored without a readable config.)"""
+    from spark_memsaver.config import Config
+    from spark_memsaver.decide import policy
+    with pytest.raises(policy.TierInvalid) as e:
+        policy.normalize_tier("bogus")
+    assert e.value.code == "config-invalid" and str(e.value).startswith("tier 'bogus' is not one of: leaf, 4k-all, 256")
+    assert policy.dkms_build_exclusive("64k-only") == {"build_exclusive_arch": "^aarch64$",
+                                                       "build_exclusive_config": "CONFIG_ARM64_64K_PAGES !CONFIG_PREEMPT_RT"}
+    assert policy.dkms_build_exclusive("all") == {"build_exclusive_arch": "", "build_exclusive_config": "!CONFIG_PREEMPT_RT"}
+    k64 = {"release": "6.8.0-1-nvidia-64k", "page_size": 65536}
+    kc = {"release": "6.8.0-1-nvidia-64k", "page_size": 65536,
+          "kconfig": {"CONFIG_ARM64": "y", "CONFIG_ARM64_64K_PAGES": "y"}}
+    for cfg in (Config(), Config(kernels="all")):
+        assert policy.kernel_in_policy(k64, cfg) == (True, "")
+        assert policy.kernel_in_policy(kc, cfg) == (True, "")
+        ok, why = policy.kernel_in_policy({**k64, "preempt_rt": True}, cfg)      # no config read: the flag decides
+        assert not ok and "PREEMPT_RT" in why
