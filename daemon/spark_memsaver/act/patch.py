@@ -32,12 +32,9 @@ and ``spark-memsaver patch check --source SRC [--json]`` (dry run only).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +186,8 @@ def _dry_run(runner: Runner, src: Path, sel: Selection) -> tuple[bool, str]:
 
 
 def _sha256(p: Path) -> str:
+    import hashlib   # hashlib, shutil and tempfile at first use: status imports this module for support_for()
+
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
@@ -326,6 +325,9 @@ def apply_patch(source, dest, tier_default: int | None = None, *, allow_untested
                                 remedy="Choose a --dest outside the source tree.")
     result = check_source(source, allow_untested=allow_untested, manifest=manifest, runner=runner)
     sel: Selection = result.pop("_selection")
+
+    import shutil
+    import tempfile
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:

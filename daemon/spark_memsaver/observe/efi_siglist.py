@@ -17,7 +17,6 @@ offset and what was expected; nothing here raises anything else on any input.
 from __future__ import annotations
 
 import struct
-import uuid
 from dataclasses import dataclass, field
 
 from spark_memsaver.errors import MemsaverError
@@ -71,11 +70,15 @@ GUID_SIZE = 16
 
 def guid_to_bytes(guid: str) -> bytes:
     """Text GUID -> its 16 bytes as stored on disk (mixed-endian)."""
+    import uuid   # here, not at import: uuid loads platform (status reads no GUID on most nodes)
+
     return uuid.UUID(guid).bytes_le
 
 
 def guid_from_bytes(b: bytes) -> str:
     """16 on-disk bytes -> text GUID (lower case)."""
+    import uuid
+
     return str(uuid.UUID(bytes_le=bytes(b)))
 
 

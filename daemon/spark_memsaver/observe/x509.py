@@ -3,8 +3,6 @@ reader. Pure functions over bytes; every malformation is :class:`MalformedCertif
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 from dataclasses import dataclass, field
 
 from spark_memsaver.observe.efi_siglist import EfiFormatError, MalformedCertificate, MalformedSignatureList  # noqa: F401
@@ -90,6 +88,8 @@ def _name(b: bytes, start: int, end: int) -> list[tuple[str, str]]:
 
 
 def _time(b: bytes, tag: int, s: int, e: int) -> str:
+    import datetime as _dt   # here, not at import: status reads no certificate on most nodes (hashlib: idem)
+
     t = b[s:e].decode("ascii", errors="replace")
     try:
         if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ
@@ -105,6 +105,12 @@ def _time(b: bytes, tag: int, s: int, e: int) -> str:
     return d.replace(tzinfo=_dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _sha256(data: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(data).digest()
+
+
 @dataclass(frozen=True)
 class Certificate:
     der: bytes
@@ -118,10 +124,12 @@ class Certificate:
 
     @property
     def sha256(self) -> str:
+        import hashlib
         return hashlib.sha256(self.der).hexdigest()
 
     @property
     def sha1(self) -> str:
+        import hashlib
         return hashlib.sha1(self.der).hexdigest()
 
     @staticmethod
@@ -204,7 +212,7 @@ def parse_certificate(der: bytes, name: str = "certificate") -> Certificate:
             not_before=_time(der, *times[0]),
             not_after=_time(der, *times[1]),
             skid=skid,
-            tbs_sha256=hashlib.sha256(der[tbs_tag_start:tbs_end]).digest(),
+            tbs_sha256=_sha256(der[tbs_tag_start:tbs_end]),
         )
     except (_DerError, ValueError, IndexError) as e:
         raise MalformedCertificate(name, f"not a valid DER X.509 certificate ({e})")
