@@ -160,9 +160,10 @@ def test_empty_shortcut_agrees_with_both_parsers():
 # --- status answered from the daemon's document only while it is fresh ----------------------------------
 
 def test_fresh_is_one_interval_old_at_most():
-    from spark_memsaver.cli.client import _utc_epoch, is_fresh
+    from spark_memsaver.cli.client import is_fresh
+    from spark_memsaver.timefmt import utc_epoch
 
-    t = _utc_epoch("2026-12-02T12:00:00Z")
+    t = utc_epoch("2026-12-02T12:00:00Z")
     assert t == 1796212800.0
     doc = {"generated_at": "2026-12-02T12:00:00Z", "config": {"interval": 60}}
     assert is_fresh(doc, now=t) and is_fresh(doc, now=t + 61.9)
@@ -252,3 +253,19 @@ def test_installed_packages_are_memoised_by_dpkg_status(tmp_path):
     assert sources.installed_packages(host) == {}
     host.run = lambda argv, **kw: (ran.append(argv[0]), real(argv, **kw))[1]
     assert sources.installed_packages(host) == got and ran.count("dpkg-query") == 3
+
+
+def test_utc_epoch_is_calendar_timegm():
+    import calendar
+    import random
+    import time as _t
+    from spark_memsaver.timefmt import utc_epoch
+
+    rnd = random.Random(25)
+    for t in [0, 951782400, 951868800, 4102444799] + [rnd.randrange(0, 4102444800) for _ in range(5000)]:
+        s = _t.strftime("%Y-%m-%dT%H:%M:%SZ", _t.gmtime(t))
+        assert utc_epoch(s) == calendar.timegm(_t.gmtime(t)) == utc_epoch(s[:-1] + "+00:00"), s
+    for bad in ("2026-02-30T00:00:00Z", "2026-13-01T00:00:00Z", "2026-12-02 12:00:00", "x", None, 5):
+        assert utc_epoch(bad) is None
+    from spark_memsaver.report.metrics import _rfc3339_to_unix
+    assert _rfc3339_to_unix("2026-12-02T12:00:00Z") == 1796212800 and _rfc3339_to_unix(None) == 0

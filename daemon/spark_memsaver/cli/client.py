@@ -132,20 +132,6 @@ def get_status(timeout_ms: int = 10000) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _utc_epoch(stamp) -> float | None:
-    """'2026-12-02T12:00:05Z' -> epoch seconds (UTC), without datetime/calendar; None when not that form."""
-    import re
-
-    m = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)Z", stamp) if isinstance(stamp, str) else None
-    if m is None:
-        return None
-    y, mo, d, h, mi, s = (int(g) for g in m.groups())
-    y -= mo <= 2                                    # days from the civil date (proleptic Gregorian)
-    era = y // 400
-    doe = (y - era * 400) * 365 + (y - era * 400) // 4 - (y - era * 400) // 100 + (153 * ((mo + 9) % 12) + 2) // 5 + d - 1
-    return float(((era * 146097 + doe - 719468) * 86400) + h * 3600 + mi * 60 + s)
-
-
 FRESH_SLACK_S = 2   # generated_at has whole seconds; the daemon applies the document a moment after making it
 
 
@@ -156,7 +142,9 @@ def is_fresh(doc: dict, now: float | None = None) -> bool:
     GetStatus of a stale document asks for that) and the CLI inspects directly meanwhile."""
     import time
 
-    made = _utc_epoch(doc.get("generated_at"))
+    from spark_memsaver.timefmt import utc_epoch
+
+    made = utc_epoch(doc.get("generated_at"))
     interval = (doc.get("config") or {}).get("interval")
     if made is None or not isinstance(interval, int) or isinstance(interval, bool):
         return False

@@ -10,7 +10,6 @@ same text to node_exporter's textfile directory after each sample.
 
 from __future__ import annotations
 
-import calendar
 import time
 
 from spark_memsaver.decide.packing import packing_active
@@ -45,14 +44,10 @@ def _num(v) -> str:
 
 
 def _rfc3339_to_unix(text) -> int:
-    if not isinstance(text, str):
-        return 0
-    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S+00:00"):
-        try:
-            return calendar.timegm(time.strptime(text, fmt))
-        except ValueError:
-            continue
-    return 0
+    from spark_memsaver.timefmt import utc_epoch   # not time.strptime: the resident daemon calls this
+
+    t = utc_epoch(text)
+    return int(t) if t is not None else 0
 
 
 def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | None = None) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import unicodedata
 
 from spark_memsaver.errors import UsageError
 
@@ -30,6 +29,8 @@ PASSWORD_MAX = 256
 
 def bad_chars(text: str) -> list[str]:
     """The control/format characters in ``text`` as U+XXXX names (empty when clean)."""
+    import unicodedata   # at first use: the idle daemon does not carry it
+
     return [f"U+{ord(c):04X}" for c in text if unicodedata.category(c) in ("Cc", "Cf")]
 
 
