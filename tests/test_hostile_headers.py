@@ -37,6 +37,7 @@ CASES = {
     "1500-deep define chain": ("#define D0 1\n" + "".join(f"#define D{i + 1} (D{i})\n" for i in range(1500))
                                + "#if D1500\n#endif\n", "version", "nested"),
     "4301-digit literal": ("#if " + "7" * 4301 + "\n#endif\n", "version", "digits"),
+    "invalid octal literal": ("#if 08\n#endif\n", "content", None),     # found by tests/test_fuzz.py
     "doubling define chain": (_chain(40) + "#if M40 > 0\n#endif\n", "content", None),
     "1.9 MiB of continuation lines": ("#define NV_LONG_TABLE \\\n" + "1\\\n" * 650_000 + "2\n", "content", None),
     "3 MiB header": ("/*" + " " * (3 << 20) + "*/\n", "version", "larger than"),
@@ -119,3 +120,15 @@ def test_assess_turns_any_failure_into_the_version_rule():
                                   "driver_version": "595.45.04", "arch": "aarch64", "page_size": K64,
                                   "sources": {"common/inc/nv-linux.h": text}})
     assert [f["code"] for f in fs] == ["hazard-check-failed", "driver-hazard-dma-submap"]
+
+
+def test_status_survives_a_deeply_nested_record(tmp_path):
+    """Found by tests/test_fuzz.py: a record file of 100,000 '[' raised RecursionError (status exit 3)."""
+    from tests.support import sparkroot
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    sparkroot.write(root, "/var/lib/spark-memsaver/rollbacks/6.14.0-1015-nvidia-64k.json", "[" * 100_000)
+    r, seconds = _status(root)
+    assert r.returncode in (0, 1), (r.returncode, seconds, r.stdout[-2000:])
+    doc = json.loads(r.stdout)
+    (q,) = [f for f in doc["findings"] if f["code"] == "record-quarantined"]
+    assert "nested too deeply" in q["message"], q

@@ -92,8 +92,11 @@ def tokens(expr: str) -> list:
         if num is not None:
             if len(num) > MAX_LITERAL:
                 raise CLimitError(f"a number literal of {len(num)} digits (at most {MAX_LITERAL} are read)")
-            toks.append(("num", int(num, 16) if num[:2].lower() == "0x" else int(num, 8) if
-                         len(num) > 1 and num[0] == "0" else int(num)))
+            try:
+                toks.append(("num", int(num, 16) if num[:2].lower() == "0x" else int(num, 8) if
+                             len(num) > 1 and num[0] == "0" else int(num)))
+            except ValueError:              # "08": not an octal number (found by tests/test_fuzz.py)
+                raise CEvalError(f"{num!r} is not a number") from None
         elif ident is not None:
             toks.append(("id", ident))
         else:

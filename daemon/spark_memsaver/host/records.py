@@ -81,6 +81,8 @@ def parse(kind: str, text: str) -> dict:
         rec = json.loads(text)
     except ValueError as e:
         raise BadRecord(f"not valid JSON ({e})") from None
+    except RecursionError:                  # "[[[[..." deeper than Python's parser goes
+        raise BadRecord("JSON nested too deeply") from None
     return check(kind, rec)
 
 

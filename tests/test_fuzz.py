@@ -1,0 +1,258 @@
+"""The fuzz harness: every reader of hostile or odd input, fed random and mutated inputs (hypothesis).
+
+Targets: the C-expression and macro readers (decide/c_expr.py, c_macros.py, and hazards.assess over them), the
+history and event line readers (service/history.py, host/events.py), every record kind (host/records.py) and
+the EFI variable / signature list / X.509 parsers (observe/efivars.py). For each: random inputs, and mutations
+(bit flips, cuts, insertions, duplicated runs) of a real seed (NVIDIA's nv-linux.h excerpt, a real sample, a
+real record, a real signature list around a certificate made by openssl). A "crash" is any exception other
+than the reader's documented ones (CEvalError, BadRecord, EfiFormatError), or one input running past
+PER_INPUT_S; hypothesis shrinks it and the test fails with it.
+
+Budget: SPARK_MEMSAVER_FUZZ_SECONDS for the whole harness (default 30 s in CI), shared evenly by its
+N_TARGETS targets; set it higher for a long run, e.g. ``SPARK_MEMSAVER_FUZZ_SECONDS=1800 tools/test
+tests/test_fuzz.py``. A report (inputs tried, seconds, slowest input, crashes) is printed at the end, and
+written as JSON to $SPARK_MEMSAVER_FUZZ_REPORT when that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_memsaver.decide import c_expr, c_macros
+from spark_memsaver.decide import hazards as hz
+from spark_memsaver.host import Host, events, records
+from spark_memsaver.observe import efivars as ev
+from spark_memsaver.service import history as hist
+
+N_TARGETS = 11 + len(records.SPECS)      # c_expr 2, c_macros 2, history 2, events 2, efivars 3; a record kind 1
+BUDGET_S = float(os.environ.get("SPARK_MEMSAVER_FUZZ_SECONDS", "30")) / N_TARGETS
+PER_INPUT_S = float(os.environ.get("SPARK_MEMSAVER_FUZZ_PER_INPUT_S", "5"))
+CHUNK = settings(max_examples=40, deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+FIX = Path(__file__).resolve().parent / "fixtures" / "hazards"
+TABLE = Path(__file__).resolve().parent.parent / "uvm_patch" / "hazards.yaml"
+REPORT: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report(request):
+    yield
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    total = sum(r["inputs"] for r in REPORT.values())
+    lines = [f"fuzz: {name}: {r['inputs']} inputs in {r['seconds']:.1f} s, slowest {r['slowest_s'] * 1000:.0f} ms, "
+             f"{r['crashes']} crashes" for name, r in sorted(REPORT.items())]
+    lines.append(f"fuzz: {total} inputs in {sum(r['seconds'] for r in REPORT.values()):.1f} s over "
+                 f"{len(REPORT)} targets, {sum(r['crashes'] for r in REPORT.values())} crashes")
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():       # printed even when the tests pass
+        for ln in lines:
+            if tr:
+                tr.ensure_newline()
+                tr.write_line(ln)
+            else:
+                print(ln)
+    if os.environ.get("SPARK_MEMSAVER_FUZZ_REPORT"):
+        Path(os.environ["SPARK_MEMSAVER_FUZZ_REPORT"]).write_text(json.dumps(REPORT, indent=2) + "\n")
+
+
+def run_for_budget(name: str, check, strategy) -> None:
+    """Run ``check(input)`` on hypothesis' inputs from ``strategy`` for BUDGET_S (in chunks of 40 inputs)."""
+    r = REPORT.setdefault(name, {"inputs": 0, "seconds": 0.0, "slowest_s": 0.0, "crashes": 0})
+
+    @CHUNK
+    @given(strategy)
+    def one(x):
+        t = time.monotonic()
+        try:
+            check(x)
+        except Exception:
+            r["crashes"] += 1
+            raise
+        finally:
+            dt = time.monotonic() - t
+            r["inputs"] += 1
+            r["slowest_s"] = max(r["slowest_s"], dt)
+        assert dt <= PER_INPUT_S, f"one input took {dt:.1f} s (bound {PER_INPUT_S} s)"
+
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < BUDGET_S:
+            one()
+    finally:
+        r["seconds"] += time.monotonic() - t0
+
+
+# --- mutations of a seed -----------------------------------------------------------------------------
+
+@st.composite
+def mutated(draw, seed: bytes) -> bytes:
+    b = bytearray(seed)
+    for _ in range(draw(st.integers(1, 8))):
+        op = draw(st.sampled_from(["flip", "cut", "insert", "dup", "delete", "byte"]))
+        i = draw(st.integers(0, max(0, len(b))))
+        if op == "flip" and b:
+            b[min(i, len(b) - 1)] ^= 1 << draw(st.integers(0, 7))
+        elif op == "byte" and b:
+            b[min(i, len(b) - 1)] = draw(st.integers(0, 255))
+        elif op == "cut":
+            del b[i:]
+        elif op == "insert":
+            b[i:i] = draw(st.binary(max_size=64))
+        elif op == "dup" and b:
+            j = draw(st.integers(i, min(len(b), i + 256)))
+            b[i:i] = b[i:j] * draw(st.integers(1, 16))
+        elif op == "delete":
+            del b[i:i + draw(st.integers(1, 64))]
+    return bytes(b)
+
+
+def text_of(strategy):
+    return strategy.map(lambda b: b.decode("utf-8", "replace"))
+
+
+C_ALPHABET = list("#ifdefndlsuxXULl ()01234567899<>+-*/%&|^!~?:,\\\n\t\"'/_") + \
+    ["define ", "undef ", "if ", "elif ", "else", "endif", "ifdef ", "ifndef ", "defined", "NV_DMA_SUBMAP_MAX_PAGES",
+     "PAGE_SHIFT", "CONFIG_ARM64_64K_PAGES", "NvU32", "(NvU32)", "NV_U32_MAX", "/*", "*/", "//", "0x", "M", "N"]
+c_random = st.lists(st.sampled_from(C_ALPHABET), max_size=400).map("".join)
+SEED_H = (FIX / "nv-linux.h-595.45.04.excerpt").read_bytes()
+
+
+# --- targets -------------------------------------------------------------------------------------------
+
+def _expr(text: str) -> None:
+    def ident(name, defined):
+        if name == "U":
+            raise c_expr.Undecidable("U")
+        return None if name.startswith("N") else len(name)
+    try:
+        v = c_expr.Expr(c_expr.tokens(text), ident, allow_defined=("defined" in text)).parse()
+    except (c_expr.CEvalError, c_expr.Undecidable):
+        return
+    assert v is None or (isinstance(v, int) and v.bit_length() <= 128)
+
+
+@pytest.mark.parametrize("source", ["random", "mutated"])
+def test_fuzz_c_expr(source):
+    seeds = b"((NvU32)(((NV_U32_MAX >> PAGE_SHIFT) + 1) - (SZ_2M >> PAGE_SHIFT))) ? -7 / 2 : ~0 % 3 << 4"
+    strategy = c_random if source == "random" else text_of(mutated(seeds))
+    run_for_budget(f"c_expr ({source})", _expr, strategy)
+
+
+def _macros(args) -> None:
+    text, page = args
+    try:
+        v = c_macros.macro_value(text, "NV_DMA_SUBMAP_MAX_PAGES", page)
+        assert isinstance(v, int)
+    except c_expr.CEvalError:
+        pass
+    (h,) = [h for h in hz.load_hazards(TABLE.read_text()) if h.reference.endswith("#1269")]
+    a = hz.assess(h, driver_version="595.45.04", arch="aarch64", page_size=page, nv_linux_h_text=text)
+    assert a.state in (hz.AFFECTED, hz.NOT_AFFECTED, hz.UNKNOWN) and a.reason
+    json.dumps(a.to_dict())
+
+
+@pytest.mark.parametrize("source", ["random", "mutated"])
+def test_fuzz_c_macros_and_hazards(source):
+    text = c_random if source == "random" else text_of(mutated(SEED_H))
+    run_for_budget(f"c_macros+hazards ({source})", _macros, st.tuples(text, st.sampled_from(c_macros.ARM64_PAGE_SIZES)))
+
+
+SAMPLE = json.dumps({"time": 1796200000.123, "reason": "interval", "mem_total": 1 << 37, "mem_available": 1 << 36,
+                     "uvm_loaded": True, "tier": "256", "backing_bytes": 218169344, "saved_bytes": 1 << 30})
+
+
+def _history(text: str) -> None:
+    rows, skipped = hist._parse_counted(text)
+    assert all(hist.valid_time(r["time"]) for r in rows) and skipped >= 0
+    json.dumps(rows, allow_nan=False)
+
+
+@pytest.mark.parametrize("source", ["random", "mutated"])
+def test_fuzz_history_lines(source):
+    lines = (SAMPLE + "\n") * 3
+    strategy = st.text(max_size=600) if source == "random" else text_of(mutated(lines.encode()))
+    run_for_budget(f"history lines ({source})", _history, strategy)
+
+
+EVENT = json.dumps({"time": "2026-12-01T10:00:00Z", "op": "install", "ok": True, "kernel": "6.14.0-1015-nvidia-64k",
+                    "steps": [{"action": "build", "kernel": "k", "ok": True}], "error": {"code": "x", "message": "m"}})
+
+
+def test_fuzz_event_lines(tmp_path):
+    host = Host(str(tmp_path))
+    p = tmp_path / events.EVENTS.lstrip("/")
+    p.parent.mkdir(parents=True)
+
+    def check(data: bytes) -> None:
+        p.write_bytes(data)
+        rows, skipped = events.read_counted(host)
+        for e in rows:
+            assert isinstance(e["time"], str) and isinstance(e["op"], str) and events._epoch(e["time"]) is not None
+        json.dumps(rows, allow_nan=False)
+    run_for_budget("event lines (mutated)", check, mutated(((EVENT + "\n") * 3).encode()))
+    run_for_budget("event lines (random)", check, st.binary(max_size=600))
+
+
+RECORD_SEEDS = {
+    "intent": {"op": "install", "id": "x", "kernel": "k", "pid": 1, "start_time": "1", "phase": "build"},
+    "rollback": {"kernel": "k", "reason": "r", "code": "c", "schema": 1},
+    "stock": {"kernel": "k", "stock_path": "/p", "stock_owner_dkms": {"a": 1}},
+    "build": {"kernel": "k", "driver": "580.142", "schema": 1},
+    "signing": {"key": "/k", "cert": "/c", "format": 1, "created_by_spark_memsaver": True},
+    "signed-log": {"signed": ["a"], "format": 1},
+    "validate": {"outcome": "pass", "reason": "r"},
+    "mok-request": {"cert_sha256": "00", "boot_id": "b"},
+    "hold": {"by": "rollback", "kernel": "k", "since": "2026-12-01T10:00:00Z", "reason": "r", "schema": 1},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(records.SPECS))
+def test_fuzz_records(kind):
+    assert set(RECORD_SEEDS) == set(records.SPECS)          # a new record kind needs a seed here
+
+    def check(text: str) -> None:
+        try:
+            rec = records.parse(kind, text)
+        except records.BadRecord:
+            return
+        assert records.check(kind, rec) is rec
+    seed = json.dumps(RECORD_SEEDS[kind]).encode()
+    run_for_budget(f"record {kind}", check, st.one_of(text_of(mutated(seed)), st.text(max_size=200),
+                                                      st.just("[" * 100_000), st.just('{"a": ' * 50_000)))
+
+
+@pytest.fixture(scope="module")
+def der(tmp_path_factory) -> bytes:
+    d = tmp_path_factory.mktemp("cert")
+    subprocess.run(["openssl", "req", "-new", "-x509", "-nodes", "-days", "30", "-subj", "/CN=fuzz", "-newkey", "ec",
+                    "-pkeyopt", "ec_paramgen_curve:prime256v1", "-keyout", str(d / "k"), "-outform", "DER", "-out",
+                    str(d / "c.der")], check=True, capture_output=True)
+    return (d / "c.der").read_bytes()
+
+
+def test_fuzz_efivars(der):
+    owner = "605dab50-e046-4300-abb6-3dd810dd8b23"
+    sl = ev.encode_signature_list(ev.EFI_CERT_X509, [(owner, der)]) + \
+        ev.encode_signature_list(ev.EFI_CERT_SHA256, [(owner, bytes(32)), (owner, bytes(range(32)))])
+    var = ev.encode_efivarfs(7, sl)
+
+    def check(b: bytes) -> None:
+        for fn in (lambda: ev.parse_efivarfs(b, "MokListRT"), lambda: ev.parse_signature_lists(b, "MokListRT"),
+                   lambda: ev.parse_signature_lists(b[4:], "db"), lambda: ev.parse_certificate(b, "c"),
+                   lambda: ev.load_certificate(b, "c"), lambda: ev.parse_uint_flag(ev.parse_efivarfs(b, "SecureBoot"))):
+            try:
+                fn()
+            except ev.EfiFormatError:
+                pass
+    run_for_budget("efivars (mutated list)", check, mutated(var))
+    run_for_budget("efivars (mutated certificate)", check, mutated(der))
+    run_for_budget("efivars (random)", check, st.binary(max_size=512))
