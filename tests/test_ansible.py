@@ -94,6 +94,48 @@ def _ok(r, what):
     assert r.returncode == 0, f"{what} failed (rc={r.returncode}):\n" + "\n".join((r.stdout + r.stderr).splitlines()[-60:])
 
 
+KEY_PATH = "/etc/spark-memsaver/private/fleet-signing.key"
+CERT_PATH = "/etc/spark-memsaver/fleet-signing.crt"
+
+
+def _fleet_key_vault(tmp: Path) -> list[str]:
+    """A fleet key pair made here, in an ansible-vault encrypted vars file; the extra ansible-playbook args."""
+    d = tmp / "fleet"
+    d.mkdir(mode=0o700)
+    subprocess.run(["openssl", "req", "-new", "-x509", "-nodes", "-days", "3650", "-subj",
+                    "/CN=spark-memsaver test fleet key", "-newkey", "rsa:2048", "-keyout", str(d / "key.pem"),
+                    "-out", str(d / "cert.pem"), "-addext", "extendedKeyUsage=codeSigning"],
+                   check=True, capture_output=True)
+    (d / "vault.yml").write_text(yaml.safe_dump({"spark_memsaver_signing_key": (d / "key.pem").read_text(),
+                                                 "spark_memsaver_signing_cert": (d / "cert.pem").read_text()}))
+    (d / "pw").write_text("test vault password\n")
+    subprocess.run(["ansible-vault", "encrypt", "--vault-password-file", str(d / "pw"), str(d / "vault.yml")],
+                   check=True, capture_output=True, env=dict(os.environ, ANSIBLE_LOCAL_TEMP=str(tmp / "vt")))
+    assert b"$ANSIBLE_VAULT" in (d / "vault.yml").read_bytes()[:20]
+    return ["--vault-password-file", str(d / "pw"), "-e", f"@{d / 'vault.yml'}"]
+
+
+def _check_fleet_key(tmp: Path, nodes) -> str:
+    """The key on each node: root-only 0600, the Vault's bytes, named in config.yaml, and what status reads."""
+    import hashlib
+    import json
+    d = tmp / "fleet"
+    der = subprocess.run(["openssl", "x509", "-in", str(d / "cert.pem"), "-outform", "DER"], check=True,
+                         capture_output=True).stdout
+    fp = hashlib.sha256(der).hexdigest()
+    for c in nodes:
+        assert c.run(["stat", "-c", "%a %U %G %F", KEY_PATH], timeout=30).stdout.split() == \
+            ["600", "root", "root", "regular", "file"]
+        assert c.run(["stat", "-c", "%a", os.path.dirname(KEY_PATH)], timeout=30).stdout.strip() == "700"
+        assert c.read_text(KEY_PATH).strip() == (d / "key.pem").read_text().strip()
+        conf = c.read_text("/etc/spark-memsaver/config.yaml")
+        assert f"\nsigning_key: {KEY_PATH}\n" in "\n" + conf and f"\nsigning_cert: {CERT_PATH}\n" in "\n" + conf
+        doc = json.loads(c.run(["spark-memsaver", "status", "--json"], check=False, timeout=120).stdout)
+        cert = doc["secure_boot"]["certificate"]
+        assert cert["path"] == CERT_PATH and cert["origin"] == "config signing_cert" and cert["sha256"] == fp, cert
+    return fp
+
+
 def test_three_node_rollout_status_rollback(tmp_path):
     needs.containers()
     _need("ansible-playbook", "ansible-core")
@@ -120,8 +162,9 @@ def test_three_node_rollout_status_rollback(tmp_path):
             rec = _recap(r.stdout)
             assert rec["node1"]["failed"] == 1 and "node2" not in rec and "node3" not in rec, rec
 
-            # 2. the rollout, then again: nothing changes the second time
-            r = f.play("install", "install.yml")
+            # 2. the rollout with the fleet signing key from Vault, then again: nothing changes the second time
+            vault = _fleet_key_vault(tmp_path)
+            r = f.play("install", "install.yml", *vault)
             _ok(r, "install.yml")
             rec = _recap(r.stdout)
             assert set(rec) == {"node1", "node2", "node3"} and all(v["failed"] == 0 for v in rec.values()), rec
@@ -131,10 +174,15 @@ def test_three_node_rollout_status_rollback(tmp_path):
             for c in nodes:
                 assert c.read_text("/etc/apt/sources.list.d/spark-memsaver.sources").count(f"URIs: {url}") == 1
                 assert c.run(["systemctl", "is-active", "spark-memsaverd.service"], check=False).stdout.strip() == "active"
-            r = f.play("install", "install.yml", label="install again")
+            fp = _check_fleet_key(tmp_path, nodes)
+            stamps = [nodes[i].run(["stat", "-c", "%i %Y", KEY_PATH], timeout=30).stdout for i in range(3)]
+            r = f.play("install", "install.yml", *vault, label="install again")
             _ok(r, "install.yml (second run)")
             rec = _recap(r.stdout)
             assert all(v["changed"] == 0 and v["failed"] == 0 for v in rec.values()), rec
+            # reused: the same file (inode, mtime) and the same certificate on every node
+            assert [nodes[i].run(["stat", "-c", "%i %Y", KEY_PATH], timeout=30).stdout for i in range(3)] == stamps
+            assert _check_fleet_key(tmp_path, nodes) == fp
 
             # 3. the status table
             r = f.play("status", "status.yml")
@@ -143,7 +191,10 @@ def test_three_node_rollout_status_rollback(tmp_path):
             assert rows[0].split()[:3] == ["HOST", "STATE", "DRIVER"], rows
             body = rows[1:]
             assert len(body) == 3 and all(l.split()[1] == "not-applicable" for l in body), rows
-            assert all(l.split()[-1] == "not-needed" for l in body), rows
+            assert rows[0].split()[-5:] == ["BOOT", "SIGNING", "CERTIFICATE", "SHA-256", "TRUSTED"], rows
+            # the fleet certificate on every node; these nodes share the test machine's kernel, which does not
+            # trust it (it is in none of its keyrings): "no"
+            assert all(l.split()[-3:] == ["not-needed", fp, "no"] for l in body), rows
             assert "3 nodes agree: driver -" in r.stdout
             print("\n".join(rows))
 

@@ -2,10 +2,11 @@
 trust as the running kernel sees it.
 
 What stands in: **EFI firmware** (byte-exact efivarfs files, built by tests/test_mok.py's independent encoders),
-**a GB10 node** (tests/support/sparkroot.py), and **the running kernel's /proc/keys**: the text in
-tests/fixtures/proc-keys/debian-7.3.4-arm64-efi-db.txt was captured from Debian's 7.3.4 arm64 kernel booted
-under AAVMF with tests/fixtures/proc-keys/platform-key.pem in db (tests/test_kernel_guard_refused.py's VM):
-the kernel loaded that certificate into .platform. The guard's log lines are the exact lines the guard wrote
+**a GB10 node** (tests/support/sparkroot.py), and **the running kernel's /proc/keys**, as captured from real
+kernels: debian-7.3.4-arm64-efi-db.txt from Debian's 7.3.4 arm64 kernel booted under AAVMF with
+platform-key.pem in db (tests/test_kernel_guard_refused.py's VM; the kernel put it in .platform), and
+debian-6.1.0-57-amd64-shim-mok-boot{1,3}.txt from Debian's signed 6.1 kernel under OVMF + shim with Secure
+Boot on (tools/mok-e2e), before and after e2e-mok-key.pem was confirmed in MokManager (it is in .machine). The guard's log lines are the exact lines the guard wrote
 in that VM (tests/test_guard_ours_refused.py checks the guard writes them).
 """
 
@@ -248,6 +249,20 @@ def test_enrolled_in_firmware_but_not_in_the_kernel(tmp_path):
         executor.perform("activate", Host(root), CFG, dry_run=True)
 
 
+def test_key_enrolled_through_mokmanager_before_and_after(tmp_path):
+    # real /proc/keys of Debian's signed 6.1.0-57-amd64 under OVMF + shim with Secure Boot (tools/mok-e2e):
+    # boot 1 before the key was confirmed in MokManager, boot 3 after (the kernel put it in .machine)
+    before = (FIX / "debian-6.1.0-57-amd64-shim-mok-boot1.txt").read_text()
+    after = (FIX / "debian-6.1.0-57-amd64-shim-mok-boot3.txt").read_text()
+    k1 = mok.observe(Host(_kernel_root(tmp_path / "a", FIX / "e2e-mok-key.pem", before, enrolled=False)))["kernel"]
+    assert k1["trusted_by_kernel"] == "no" and k1["keyrings"][".machine"] == {"present": True, "keys": 2}
+    sb = mok.observe(Host(_kernel_root(tmp_path / "b", FIX / "e2e-mok-key.pem", after)))
+    k3 = sb["kernel"]
+    assert k3["key_description"] == "spark-memsaver e2e module signing key: 265f68d499b5454e6a847e4b26339e722bccd079"
+    assert k3["trusted_by_kernel"] == "yes" and k3["keyrings"][".machine"] == {"present": True, "keys": 3}
+    assert sb["state"] == "enrolled" and sb["loadable"]
+
+
 def test_trust_unknown_without_system_keyrings_or_proc_keys(tmp_path):
     # an unprivileged reader's /proc/keys: its own keyrings only (lines from the captured text)
     text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
@@ -257,3 +272,15 @@ def test_trust_unknown_without_system_keyrings_or_proc_keys(tmp_path):
     assert sb["kernel"]["trusted_by_kernel"] == "unknown" and sb["loadable"]
     sb = mok.observe(Host(_kernel_root(tmp_path / "b", FIX / "platform-key.pem", None)))
     assert sb["kernel"]["trusted_by_kernel"] == "unknown"
+
+
+# --- MokManager's countdown: finite unless --wait-at-console is chosen ------------------------------------
+
+@pytest.mark.parametrize("args", [("--console-timeout", "0"), ("--console-timeout", "32768"),
+                                  ("--console-timeout", "300", "--wait-at-console")])
+def test_console_timeout_is_checked_before_anything(tmp_path, keys, args):
+    root = node(tmp_path / "r", keys["ours"], not_enrolled(keys))
+    r = cli(root, "mok", "enroll", *args, "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc["error"]["code"] == "mok-bad-timeout", r.stdout
+    assert "--wait-at-console" in doc["error"]["remedy"] and "--console-timeout" in doc["error"]["remedy"]

@@ -175,11 +175,23 @@ def _der_file(ci_path: str, cert: ev.Certificate, workdir: str) -> str:
     return p
 
 
+CONSOLE_TIMEOUT_MAX = 0x7FFF      # mokutil --timeout: 1..32767 seconds, or -1 (no countdown, wait forever)
+
+
+def check_console_timeout(wait_at_console: bool, console_timeout: int | None) -> None:
+    from spark_memsaver.decide.mok import MokBadTimeout
+    if wait_at_console and console_timeout is not None:
+        raise MokBadTimeout("--wait-at-console and --console-timeout exclude each other")
+    if console_timeout is not None and not 1 <= console_timeout <= CONSOLE_TIMEOUT_MAX:
+        raise MokBadTimeout(f"--console-timeout {console_timeout} is outside 1..{CONSOLE_TIMEOUT_MAX} seconds")
+
+
 def request_enrollment(host, config, password: str, cert: str | None = None,
-                       wait_at_console: bool = False) -> dict:
+                       wait_at_console: bool = False, console_timeout: int | None = None) -> dict:
     """Queue the signing certificate for enrollment at the next boot (MokNew + MokAuth).
 
     Refuses (named error) unless the state is not-enrolled; verifies afterwards that the request is recorded."""
+    check_console_timeout(wait_at_console, console_timeout)
     before = observe(host, cert=cert, config=config)
     _refuse_for(before)
     check_password(password)
@@ -195,12 +207,13 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
         shutil.rmtree(work, ignore_errors=True)
     warnings = []
     timeout_set = None
-    if wait_at_console:
-        r = host.run(["mokutil", "--timeout", "-1"], timeout=60)
+    if wait_at_console or console_timeout is not None:
+        arg = "-1" if wait_at_console else str(console_timeout)
+        r = host.run(["mokutil", "--timeout", arg], timeout=60)
         timeout_set = r.returncode == 0
         if not timeout_set:
-            warnings.append("mokutil --timeout -1 failed (" + _mokutil_message(r) + "): MokManager will wait only "
-                            "10 seconds for a key press")
+            warnings.append(f"mokutil --timeout {arg} failed (" + _mokutil_message(r) + "): MokManager will wait "
+                            "only 10 seconds for a key press")
     after = observe(host, cert=cert, config=config)
     if after["state"] != "pending-enroll":
         raise MokutilFailed(f"mokutil reported success but the key is not in MokNew (state {after['state']}: "
@@ -212,7 +225,11 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
         "requested": True,
         "certificate": after["certificate"],
         "mokutil": imp,
-        "wait_at_console": bool(timeout_set),
+        "wait_at_console": bool(timeout_set) and wait_at_console,
+        # seconds MokManager counts down before it boots on without enrolling (the request is then discarded,
+        # the stock nvidia-uvm stays loaded, status says not-enrolled); None: waits at its menu forever
+        "console_timeout": None if wait_at_console and timeout_set else
+        (console_timeout if console_timeout is not None and timeout_set else 10),
         "warnings": warnings,
         "state_before": before["state"],
         "state_now": after["state"],

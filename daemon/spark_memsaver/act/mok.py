@@ -9,7 +9,8 @@ the tests import them from here). The work lives in three modules:
 from __future__ import annotations
 
 from spark_memsaver.act.enroll import (CONSOLE_STEPS, PASSWORD_MAX, PASSWORD_MIN, _der_file, _mokutil_message,  # noqa: F401
-                                       _refuse_for, _require_live_root, cancel_enrollment, check_password,
+                                       _refuse_for, _require_live_root, cancel_enrollment, check_console_timeout,
+                                       check_password,
                                        clear_request_record, request_enrollment, run_mokutil_import, sha512_crypt,
                                        write_request_record)
 from spark_memsaver.decide.mok import (EFI_DIR, EFIVARS_DIR, LISTS, LOADABLE, MOKVAR_DIR, MOKVAR_NAMES,  # noqa: F401

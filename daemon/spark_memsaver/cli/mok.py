@@ -7,7 +7,8 @@ import json
 import os
 import stat
 import sys
-from spark_memsaver.act.mok import (_refuse_for, _require_live_root, cancel_enrollment, exit_code, observe, render_text, request_enrollment)
+from spark_memsaver.act.mok import (_refuse_for, _require_live_root, cancel_enrollment, check_console_timeout,  # noqa: E501
+                                    exit_code, observe, render_text, request_enrollment)
 
 
 def _read_password(password_file: str | None, password_stdin: bool) -> str:
@@ -63,19 +64,24 @@ def register(cli) -> None:
     @click.option("--wait-at-console", is_flag=True,
                   help="Also run 'mokutil --timeout -1': MokManager opens its menu and waits instead of a 10 s "
                        "countdown.")
+    @click.option("--console-timeout", type=int, default=None, metavar="SECONDS",
+                  help="Also run 'mokutil --timeout SECONDS' (1..32767): MokManager counts down this long before it "
+                       "boots on without enrolling (default: shim's 10 s).")
     @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
     @click.pass_obj
-    def enroll_cmd(obj, cert, password_file, password_stdin, wait_at_console, as_json):
+    def enroll_cmd(obj, cert, password_file, password_stdin, wait_at_console, console_timeout, as_json):
         """Request enrollment of the signing key at the next boot (mokutil --import).
 
         Exit status: 0 requested; 1 refused (not needed, no key, already enrolled/pending, blocked, unknown);
         2 bad usage or password; 3 mokutil failed."""
         config = None if cert else obj.config
+        check_console_timeout(wait_at_console, console_timeout)
         before = observe(obj.host, cert=cert, config=config)
         _refuse_for(before)                      # refuse before asking for a password
         _require_live_root(obj.host, "mok enroll")
         pw = _read_password(password_file, password_stdin)
-        res = request_enrollment(obj.host, config, pw, cert=cert, wait_at_console=wait_at_console)
+        res = request_enrollment(obj.host, config, pw, cert=cert, wait_at_console=wait_at_console,
+                                 console_timeout=console_timeout)
         if as_json:
             click.echo(json.dumps(res, indent=2))
             return 0
@@ -87,9 +93,9 @@ def register(cli) -> None:
         click.echo("\nNow 'spark-memsaver mok status' shows: pending-enroll. At the next boot, at the console:")
         for i, s in enumerate(res["console_steps"], 1):
             click.echo(f"  {i}. {s}")
-        click.echo("\nAfter that reboot, 'mok status' shows: enrolled. If the prompt was missed (timeout, "
-                   "'Continue boot', 3 wrong passwords) the request is gone and it shows not-enrolled: run "
-                   "'spark-memsaver mok enroll' again.")
+        click.echo("\nAfter that reboot, 'mok status' shows: enrolled, and our nvidia-uvm is active by itself. If "
+                   "the prompt was missed (timeout, 'Continue boot', 3 wrong passwords) the request is gone, the stock "
+                   "nvidia-uvm stays in use and it shows not-enrolled: run 'sudo spark-memsaver mok enroll' again.")
         return 0
 
     @mok_group.command("cancel")
