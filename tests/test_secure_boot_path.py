@@ -12,6 +12,7 @@ in that VM (tests/test_guard_ours_refused.py checks the guard writes them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -159,7 +160,7 @@ def test_stock_node_remedy_order_and_sudo(tmp_path, keys):
 
 def test_missed_prompt_stock_stays_and_status_says_re_request(tmp_path, keys):
     # enrolled was requested in an earlier boot; MokManager discarded it (no MokNew now); the guard loaded stock
-    rec = {"cert_sha256": __import__("hashlib").sha256(keys["ours"]).hexdigest(),
+    rec = {"cert_sha256": hashlib.sha256(keys["ours"]).hexdigest(),
            "boot_id": "0d9c8b7a-6f5e-4d3c-2b1a-0f9e8d7c6b5a", "requested_at": "2026-12-01T09:00:00Z"}
     root = node(tmp_path / "r", keys["ours"], not_enrolled(keys),
                 files={"/var/lib/spark-memsaver/mok-request.json": json.dumps(rec),
@@ -176,7 +177,7 @@ def test_missed_prompt_stock_stays_and_status_says_re_request(tmp_path, keys):
 
 
 def test_request_still_pending_after_a_reboot_says_mokmanager_did_not_run(tmp_path, keys):
-    rec = {"cert_sha256": __import__("hashlib").sha256(keys["ours"]).hexdigest(),
+    rec = {"cert_sha256": hashlib.sha256(keys["ours"]).hexdigest(),
            "boot_id": "0d9c8b7a-6f5e-4d3c-2b1a-0f9e8d7c6b5a", "requested_at": "2026-12-01T09:00:00Z"}
     root = node(tmp_path / "r", keys["ours"], pending(keys),
                 files={"/var/lib/spark-memsaver/mok-request.json": json.dumps(rec),
@@ -226,7 +227,7 @@ def test_key_in_platform_keyring_is_trusted_by_kernel(tmp_path):
     assert k["keyrings"][".machine"] == {"present": True, "keys": 0}
     assert sb["state"] == "enrolled" and "trusted by the running kernel" in sb["reason"] and sb["loadable"]
     # status shows the certificate's SHA-256 (the fleet key's fingerprint) and the kernel's trust
-    fp = __import__("hashlib").sha256(der(FIX / "platform-key.pem")).hexdigest()
+    fp = hashlib.sha256(der(FIX / "platform-key.pem")).hexdigest()
     r = cli(_kernel_root(tmp_path / "s", FIX / "platform-key.pem", text), "status")
     assert re.search(rf"Signing key: +sha256 {fp} \(/var/lib/dkms/mok.pub\); trusted by the running kernel: yes",
                      r.stdout), r.stdout
