@@ -26,6 +26,7 @@ def parse(command: str):
     import click
     from spark_memsaver.cli.main import cli
     _, argv = split(command)
+    argv = [a for a in argv if a not in ("--help", "-h")]      # parse what it names; do not print its help
     assert argv and argv[0] == "spark-memsaver", command
     ctx = cli.make_context("spark-memsaver", argv[1:])
     path, cmd = [], cli

@@ -137,10 +137,12 @@ def stats_text(tier="4k", packed=1, unpacked=0, t256=52989, t4k=259, page=65536,
 def make_spark_root(root: Path, *, loaded_driver: str | None = DRIVER, uvm_loaded: str | None = "stock",
                     ours_installed: str | None = None, secure_boot: bool | None = False,
                     holders: int = 0, headers: bool = True, stats: str | None = None,
-                    extra_kernels: tuple[str, ...] = ()) -> Path:
+                    extra_kernels: tuple[str, ...] = (), dkms: bool = True) -> Path:
     """Lay out a Spark root. ``uvm_loaded``: None, "stock" or "ours"; ``ours_installed``: None or the driver
     version our override was built for (it is installed under updates/dkms and selected by depmod)."""
     k = SPARK_KERNEL
+    if dkms:   # the package depends on dkms; builds under --root run this machine's dkms, so this marks it only
+        write(root, "/usr/sbin/dkms", "#!/bin/sh\n# dkms is installed on this node (fixture marker)\nexit 1\n", 0o755)
     write(root, "/proc/sys/kernel/osrelease", k + "\n")
     write(root, "/proc/sys/kernel/arch", "aarch64\n")
     write(root, "/proc/meminfo", MEMINFO)

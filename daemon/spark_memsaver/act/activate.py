@@ -25,7 +25,7 @@ class ActivationRefused(SafetyRefusal):
 class ActivationFailed(MemsaverError):
     code = "activation-failed"
     exit_code = EXIT_FAILED
-    remedy = ("The guard loads a safe nvidia-uvm on the next 'modprobe nvidia_uvm' or at boot; "
+    remedy = ("The guard loads a safe nvidia-uvm on the next 'sudo modprobe nvidia_uvm' or at boot; "
               "run 'spark-memsaver status' and the kernel log (journalctl -k) for the reason.")
 
 

@@ -23,7 +23,7 @@ def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> d
     from spark_memsaver.act import patch as uvm_patch
     if not host.exists(f"/lib/modules/{kernel}/build/Makefile"):
         raise HeadersMissing(f"kernel headers for {kernel} are not installed (/lib/modules/{kernel}/build)",
-                             kernel=kernel)
+                             remedy=f"sudo apt-get install linux-headers-{kernel}", kernel=kernel)
     policy_check(host, config, kernel)
     nv = selected(host, kernel, "nvidia", digest=False)
     if nv is None or not nv.get("version"):

@@ -23,7 +23,7 @@ class DkmsMissing(DkmsError):
 class HeadersMissing(DkmsError):
     code = "headers-missing"
     exit_code = EXIT_PROBLEM
-    remedy = "Install the kernel's headers (e.g. apt install linux-headers-<kernel>), then retry."
+    remedy = "Install the headers package of the kernel named above (linux-headers- and its release), then retry."
 
 
 class KernelOutsidePolicy(DkmsError):
@@ -56,7 +56,8 @@ class DriverSourceMissing(DkmsError):
 class DriverSourceCorrupt(DkmsError):
     code = "driver-source-corrupt"
     exit_code = EXIT_PROBLEM
-    remedy = "Reinstall the NVIDIA open kernel-module source package (apt install --reinstall ...)."
+    remedy = ("Reinstall the NVIDIA open kernel-module source package: 'spark-memsaver status' names it and the "
+              "exact 'sudo apt-get install --reinstall' command.")
 
 
 class BuildSkipped(DkmsError):
@@ -67,7 +68,7 @@ class BuildSkipped(DkmsError):
 
 class BuildFailed(DkmsError):
     code = "dkms-build-failed"
-    remedy = "Read the build log named above (the last lines are shown); fix the cause, then run 'spark-memsaver build' again."
+    remedy = "Read the build log named above (the last lines are shown); fix the cause, then run 'sudo spark-memsaver build' again."
 
 
 class BuiltModuleMissing(DkmsError):
@@ -78,7 +79,7 @@ class BuiltModuleMissing(DkmsError):
 class PreInstallRefused(DkmsError):
     code = "dkms-pre-install-refused"
     exit_code = EXIT_PROBLEM
-    remedy = "The guard's reasons are shown above; rebuild with 'spark-memsaver build' after fixing them."
+    remedy = "The guard's reasons are shown above; rebuild with 'sudo spark-memsaver build' after fixing them."
 
 
 class InstallRefused(DkmsError):
@@ -95,7 +96,7 @@ class InstallAborted(DkmsError):
 
 class DkmsTreeBroken(DkmsError):
     code = "dkms-tree-broken"
-    remedy = "Run 'spark-memsaver remove --all' to clear our registration, then build again."
+    remedy = "Run 'sudo spark-memsaver remove --all' to clear our registration, then build again."
 
 
 class DkmsConfInvalid(DkmsError):
@@ -106,7 +107,7 @@ class DkmsConfInvalid(DkmsError):
 class VerificationFailed(DkmsError):
     code = "module-verification-failed"
     exit_code = EXIT_PROBLEM
-    remedy = "The module was not installed. Rebuild with 'spark-memsaver build'; report the problems if they persist."
+    remedy = "The module was not installed. Rebuild with 'sudo spark-memsaver build'; report the problems if they persist."
 
 
 class StockNotRestored(DkmsError):

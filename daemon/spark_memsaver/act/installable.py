@@ -30,7 +30,8 @@ def _classes() -> dict:
     return {"unknown-kernel": errors.UnknownKernel, "nvidia-ko-missing": de.NoNvidiaDriver,
             "kernel-outside-policy": de.KernelOutsidePolicy, "driver-unsupported": errors.DriverUnsupported,
             "driver-source-missing": de.DriverSourceMissing, "driver-source-corrupt": de.DriverSourceCorrupt,
-            "headers-missing": de.HeadersMissing, "secure-boot-unknown": errors.SecureBootUnknown}
+            "headers-missing": de.HeadersMissing, "secure-boot-unknown": errors.SecureBootUnknown,
+            "dkms-missing": de.DkmsMissing}
 
 
 def refusal(decision: dict) -> errors.MemsaverError:

@@ -30,7 +30,7 @@ JOB_METHODS = {"Build": "(a{sv})", "Install": "(a{sv})", "Remove": "(a{sv})", "A
 
 class DaemonNotRunning(errors.MemsaverError):
     code = "daemon-not-running"
-    remedy = "Start it with 'systemctl start spark-memsaverd.service', or see 'journalctl -u spark-memsaverd.service'."
+    remedy = "Start it with 'sudo systemctl start spark-memsaverd.service', or see 'journalctl -u spark-memsaverd.service'."
 
 
 class DaemonError(errors.MemsaverError):

@@ -41,7 +41,17 @@ SB_LOADABLE = ("not-needed", "enrolled")
 
 CODES = {"kernel": "unknown-kernel", "driver": "nvidia-ko-missing", "kernel-policy": "kernel-outside-policy",
          "manifest": "driver-unsupported", "driver-source": "driver-source-missing", "headers": "headers-missing",
-         "secure-boot": "secure-boot-unknown"}
+         "secure-boot": "secure-boot-unknown", "dkms": "dkms-missing"}
+
+# "Secure Boot is enforcing and <phrase>": the signing key's MOK state (decide/mok.py) as a sentence
+KEY_PHRASES = {"no-key": "there is no signing key", "not-enrolled": "the signing key is not enrolled",
+               "pending-enroll": "the signing key's enrollment waits for the console at the next boot",
+               "pending-delete": "the signing key is being deleted at the next boot",
+               "blocked": "the firmware blocks the signing key"}
+
+
+def key_phrase(state: str) -> str:
+    return KEY_PHRASES.get(state, f"the signing key is {state.replace('-', ' ')}")
 
 from spark_memsaver.decide.mok import ENROLL_STEPS as ENROLL  # noqa: E402  (the Secure Boot path's one wording)
 
@@ -114,8 +124,9 @@ def policy_remedy(config, why: str) -> str:
         return ("Nothing is broken: the stock nvidia-uvm stays in use on this kernel. NVIDIA's modules do not "
                 "build for PREEMPT_RT; boot a kernel without PREEMPT_RT to use packing.")
     if getattr(config, "kernels", "64k-only") == "64k-only":
-        return ("Packing saves memory on 64 KiB-page arm64 kernels; to build for this one too, set 'kernels: all' "
-                "in /etc/spark-memsaver/config.yaml.")
+        # with 4 or 16 KiB pages a page table's backing page is small already: 'kernels: all' would save nothing
+        return ("Nothing to do: packing saves memory only on arm64 kernels with 64 KiB pages; this kernel stays on "
+                "the stock nvidia-uvm.")
     return "Nothing to do: this kernel stays stock."
 
 
@@ -216,6 +227,8 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
         miss.append(_missing("headers", f"kernel headers for {kernel_release} are not installed "
                              f"(/lib/modules/{kernel_release}/build)",
                              f"sudo apt-get install linux-headers-{kernel_release}"))
+    if (snap.get("dkms") or {}).get("available", True) is False:   # the build needs it: install says dkms-missing
+        miss.append(_missing("dkms", "dkms is not installed, so nothing can be built", "sudo apt-get install dkms"))
     sb = snap.get("secure_boot") or {}
     state = sb.get("state") or "unknown"
     if state == "unknown":
@@ -224,7 +237,7 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
                              secure_boot_unknown_remedy(sb)))
     elif state not in SB_LOADABLE:
         out["then"].append({"what": "signing-key", "code": f"mok-{state}",
-                            "detail": f"Secure Boot is enforcing and the signing key is {state.replace('-', ' ')}"
+                            "detail": f"Secure Boot is enforcing and {key_phrase(state)}"
                                       + (f" ({sb['reason']})" if sb.get("reason") else "")
                                       + ": the module will not load until the key is trusted",
                             "remedy": signing_remedy(sb)})
@@ -253,7 +266,7 @@ def unknown_kernel_remedy(installed: list[str]) -> str:
     if not installed:
         return "No kernel is installed under this root (no /lib/modules/*): install one, or check --root."
     return ("Name an installed kernel with --kernel: " + ", ".join(installed)
-            + " ('spark-memsaver status' lists them).")
+            + " (e.g. 'spark-memsaver status' lists them).")
 
 
 def first_missing(decision: dict) -> dict | None:

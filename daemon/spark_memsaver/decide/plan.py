@@ -86,7 +86,7 @@ def stock_reason(k: dict, snap: dict, config: Config, support: dict) -> tuple[st
         return "; and ".join(x["detail"] for x in d["missing"]), m["code"], m["remedy"]
     if d["then"]:
         t = d["then"][0]
-        remedy = (f"Install by hand: 'spark-memsaver install --kernel {rel}'; then {ENROLL}."
+        remedy = (f"Install by hand: 'sudo spark-memsaver install --kernel {rel}'; then {ENROLL}."
                   if t["code"] in ("mok-no-key", "mok-not-enrolled") else t["remedy"])
         return f"{t['detail']}; automatic builds wait for a trusted key", t["code"], remedy
     if not (snap.get("dkms") or {}).get("available", True):
@@ -224,11 +224,11 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
         no_retry = False
         if why is None and rb and rb.get("code") in NO_AUTO_RETRY and base_version(rb.get("driver_to")) == nv:
             why = (f"the last build for driver {nv} failed ({rb.get('reason')}); "
-                   "run 'spark-memsaver install' to retry")
-            code, remedy, no_retry = rb.get("code"), f"spark-memsaver install --kernel {rel}", True
+                   "run 'sudo spark-memsaver install' to retry")
+            code, remedy, no_retry = rb.get("code"), f"sudo spark-memsaver install --kernel {rel}", True
         if why is None and not rebuild:
             why, code, remedy = ("automatic builds are off (auto_build: false)", "auto-build-off",
-                                 f"spark-memsaver install --kernel {rel}")
+                                 f"sudo spark-memsaver install --kernel {rel}")
         if why is None:
             builds.extend(_build_steps(k, snap, config, support, Step(
                 "build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
@@ -258,7 +258,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             steps.append(Step("blocked", None, "a patched nvidia-uvm for {} is loaded beside nvidia {} and is in use "
                               "by {}".format(base_version(uvm.get("version")), loaded_nv,
                                              ", ".join(f"{h.get('comm')}[{h.get('pid')}]" for h in holders)),
-                              remedy="Stop the CUDA processes, then run 'spark-memsaver rollback', or reboot."))
+                              remedy="Stop the CUDA processes, then run 'sudo spark-memsaver rollback', or reboot."))
         else:
             removals.append(Step("reload-uvm", None, "a patched nvidia-uvm for {} is loaded beside nvidia {}: "
                                  "unloading it (no users) and loading the selected one".format(
@@ -289,7 +289,7 @@ def config_change(k: dict, snap: dict, config: Config, support: dict, rebuild: b
                         driver_from=nv, driver_to=nv, code="config-changed")
         return Step("config-changed", rel, f"configuration changed since the build ({what}): {why_policy}; "
                     "automatic builds are off (auto_build: false)", driver_to=nv, code="config-changed",
-                    remedy=f"spark-memsaver remove --kernel {rel}")
+                    remedy=f"sudo spark-memsaver remove --kernel {rel}")
     why = why_not_build(k, snap, config, support)
     if why is None and rebuild:
         return Step("build-install", rel, f"configuration changed since the build ({what}); rebuilding",

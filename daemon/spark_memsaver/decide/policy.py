@@ -120,9 +120,9 @@ def kernel_in_policy(kernel: dict, config) -> tuple[bool, str]:
         arch = _arch(kc)
         if arch == "aarch64" and kc.get("CONFIG_ARM64_64K_PAGES") in ("y", "m"):
             return True, ""
-        what = ("an arm64 kernel without 64 KiB pages" if arch == "aarch64"
-                else f"{ps // 1024} KiB pages" if ps else "not an arm64 64 KiB kernel")
-        return False, (f"kernel {rel} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels")
+        what = ("is an arm64 kernel without 64 KiB pages" if arch == "aarch64"
+                else f"has {ps // 1024} KiB pages" if ps else "is not an arm64 64 KiB kernel")
+        return False, (f"kernel {rel} {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels")
     if ps == 65536:
         return True, ""
     what = f"{ps // 1024} KiB pages" if ps else "an unknown page size"

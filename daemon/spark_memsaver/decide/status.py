@@ -11,6 +11,7 @@ from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the on
 from spark_memsaver.decide.hazards import findings_from_inputs
 from spark_memsaver.decide import hold as holds
 from spark_memsaver.decide import installability as inst_mod
+from spark_memsaver import remedy as rm
 from spark_memsaver.decide import mok as mok_decide
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
@@ -59,10 +60,10 @@ def config_changed(snap: dict, config: Config, support: dict | None = None) -> l
         ok, why = kernel_in_policy(k, config)
         if config.auto_build:
             auto, cmd = "spark-memsaverd does it by itself (auto_build: true); to do it now: ", \
-                "spark-memsaver reconcile"
+                rm.sm("reconcile")
         else:
             auto = ""
-            cmd = rebuild_command(k["release"]) if ok else f"spark-memsaver remove --kernel {k['release']}"
+            cmd = rebuild_command(k["release"]) if ok else rm.sm(f"remove --kernel {k['release']}")
             missing = inst_mod.installability(snap, config, support, k["release"])["missing"] if ok else []
             if missing:      # the rebuild would be refused: what it needs first (the same remedy install gives)
                 cmd = f"{missing[0]['remedy'].rstrip('.')}; then: {cmd}"
@@ -107,7 +108,7 @@ def install_findings(decision: dict) -> list[Finding]:
         out.append(Finding("driver-source-fetchable", "info",
                            f"The NVIDIA open kernel-module source of {f['driver']} is not on this host; APT offers "
                            f"it ({what}): installing fetches it into /var/cache/spark-memsaver/sources first.",
-                           "Nothing to do: 'spark-memsaver install' (or spark-memsaverd, with auto_build) fetches "
+                           f"Nothing to do: '{rm.sm('install')}' (or spark-memsaverd, with auto_build) fetches "
                            "it.", k))
     return out
 
@@ -196,14 +197,14 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
             f.append(Finding("override-driver-mismatch", "error",
                              f"Our nvidia-uvm {sel['version']} is selected for kernel {k['release']} beside "
                              f"nvidia.ko {nv['version']}; the load-time guard will load the stock module instead.",
-                             "Run 'spark-memsaver reconcile' (or restart spark-memsaverd) to remove the stale override "
-                             "and rebuild for the installed driver.", k["release"]))
+                             f"{rm.run('spark-memsaver reconcile')} (or '{rm.RESTART_DAEMON}') to remove the stale "
+                             "override and rebuild for the installed driver.", k["release"]))
     loaded_nv = snap["driver"].get("loaded_version")
     if uvm.get("loaded") and uvm.get("patched") and loaded_nv and uvm.get("version") and uvm["version"] != loaded_nv:
         mismatch = True
         f.append(Finding("loaded-driver-mismatch", "error",
                          f"The loaded nvidia-uvm is ours for {uvm['version']} but nvidia {loaded_nv} is loaded.",
-                         "Stop CUDA work and run 'spark-memsaver rollback', or reboot."))
+                         f"Stop CUDA work and run '{rm.sm('rollback')}', or reboot."))
 
     # 2b. A build made with other settings than the config's now.
     f.extend(config_changed(snap, config, support))
@@ -213,11 +214,11 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
         f.append(Finding("operation-interrupted", "warning",
                          f"An interrupted '{intent.get('op', '?')}' operation was found "
                          f"(started {intent.get('started', '?')}).",
-                         "spark-memsaverd finishes or undoes it at start; or run 'spark-memsaver reconcile'.",
+                         f"spark-memsaverd finishes or undoes it at start; or run '{rm.sm('reconcile')}'.",
                          intent.get("kernel")))
     for path in records.get("unreadable", []):
         f.append(Finding("state-record-unreadable", "warning", f"State record {path} is not valid JSON.",
-                         "Run 'spark-memsaver reconcile'; it re-derives state from the system and rewrites it."))
+                         f"{rm.run('spark-memsaver reconcile')}; it re-derives state from the system and rewrites it."))
     for q in records.get("quarantined", []):
         aside = f" and was set aside as {q['moved_to']}" if q.get("moved_to") else ""
         f.append(Finding("record-quarantined", "warning",
@@ -238,7 +239,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     elif sb_state not in SB_LOADABLE and sb_state:
         why = f" ({sb['reason']})" if sb.get("reason") else ""
         f.append(Finding(f"mok-{sb_state}", "warning",
-                         f"Secure Boot is enforcing and the signing key is {sb_state.replace('-', ' ')}{why}: "
+                         f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
                          "a module we sign will not load until the key is enrolled.",
                          sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the "
                          "console on next boot."))
@@ -335,7 +336,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
         if uvm.get("loaded"):
             f.append(Finding("activation-pending", "info",
                              "Our nvidia-uvm is installed but the stock module is still loaded.",
-                             "Run 'spark-memsaver activate' (needs /dev/nvidia-uvm unused), or reboot."))
+                             f"{rm.run('spark-memsaver activate')} (needs /dev/nvidia-uvm unused), or reboot."))
         return Verdict("installed", f)
     if any(b.get("built") for r in (snap.get("dkms") or {}).get("registrations", []) for b in r.get("builds", [])):
         return Verdict("built", f)

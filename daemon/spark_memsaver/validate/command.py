@@ -261,7 +261,7 @@ def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout
 
 class ValidateBusy(MemsaverError):
     code = "validate-busy"
-    remedy = "Wait for the other 'spark-memsaver validate' to finish: two runs would read each other's counters."
+    remedy = "Wait for the other validation run to finish: two runs would read each other's counters."
 
 
 class _single_run:

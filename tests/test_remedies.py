@@ -1,0 +1,211 @@
+"""Every remedy is runnable as printed by the person who reads it (spark_memsaver/remedy.py).
+
+The walk: every finding code of every decide state (tests/test_decide.py's cases, and variants that reach the
+other findings) and of the real CLI on fixture roots, and every named error's remedy. Each command a remedy
+asks for must exist (a spark-memsaver command parses with the CLI's own click parser; a system program is
+installed here or is a distribution's own tool named as such), carry sudo exactly when it needs root, and --
+for spark-memsaver's install, build, activate, rollback, remove -- not be refused by the same code for the same
+state (the installability decision, the state; on fixture roots the command's own --dry-run)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+
+from spark_memsaver import remedy as rm
+from spark_memsaver.config import Config
+from spark_memsaver.decide import installability as inst
+from spark_memsaver.decide.status import evaluate
+from tests.support import sparkroot
+from tests.support.cliparse import parse, split
+from tests.test_decide import CASES, K, base_snapshot, module, ours_loaded
+from tests.test_exit_codes import _all_errors
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+ENV.pop("SPARK_MEMSAVER_CONFIG", None)
+# programs of another distribution, named in a remedy for that distribution only ("on Ubuntu run ...")
+OTHER_DISTRIBUTIONS = {"update-secureboot-policy": "Ubuntu's shim-signed"}
+
+
+def _variants() -> dict:
+    """The decide cases plus states that reach the findings the cases do not."""
+    out = {n: fn() for n, fn in CASES.items()}
+
+    def v(name, fn, config=None):
+        s = base_snapshot()
+        fn(s)
+        out[name] = (s, config or Config(), None, None)
+    v("headers_missing", lambda s: s["kernels"][0].update(headers=False))
+    v("other_kernel_headers_missing", lambda s: s["kernels"].append(dict(copy.deepcopy(s["kernels"][0]),
+                                                                         release=K + "-old", running=False,
+                                                                         headers=False)))
+    v("interrupted", lambda s: s["records"].update(intents=[{"op": "install", "started": "t", "kernel": K}]))
+    v("record_unreadable", lambda s: s["records"].update(unreadable=["/var/lib/spark-memsaver/x.json"]))
+    v("secure_boot_unknown", lambda s: s.update(secure_boot={"state": "unknown", "reason": "r"}))
+    v("not_enrolled_stock", lambda s: s.update(secure_boot={"state": "not-enrolled", "reason": "r"}))
+    v("dkms_missing", lambda s: s["dkms"].update(available=False))
+
+    def changed(s):
+        s["kernels"][0]["uvm_selected"] = module(patched=True)
+        s["records"]["builds"] = [{"kernel": K, "tier": "4k-all", "kernels": "64k-only"}]
+    v("config_changed_auto", changed)
+    v("config_changed_manual", changed, Config(auto_build=False))
+    return out
+
+
+def _would_refuse(path: str, params: dict, snap: dict, config: Config, state: str) -> str | None:
+    """Why the same code would refuse this spark-memsaver command in this state, or None."""
+    kernels = {k["release"]: k for k in snap.get("kernels", [])}
+    if params.get("kernel") and params["kernel"] not in kernels:
+        return f"unknown kernel {params['kernel']}"
+    k = params.get("kernel") or next((r for r, x in kernels.items() if x.get("running")), None)
+    if path in ("install", "build") and (snap.get("dkms") or {}).get("available") is False:
+        return f"{path} is refused: dkms-missing (DkmsMissing, act/dkms_run.py)"
+    if path in ("install", "build") and k:
+        d = inst.installability(snap, config, None, k)
+        missing = [m["code"] for m in d["missing"] if path == "install" or m["code"] != "secure-boot-unknown"]
+        if missing:
+            return f"{path} is refused: {missing}"
+    if path == "activate" and not (kernels.get(k, {}).get("uvm_selected") or {}).get("patched"):
+        return "activate: ours is not installed"
+    if path in ("rollback", "remove") and not any((x.get("uvm_selected") or {}).get("patched")
+                                                  for x in kernels.values()) \
+            and not (snap["uvm"].get("loaded") and snap["uvm"].get("patched")):
+        return f"{path}: nothing of ours to take away"
+    return None
+
+
+def check_command(command: str) -> list[str]:
+    """Problems of one command as printed: existence, parse, sudo."""
+    sudo, argv = split(command)
+    problems = []
+    bare = " ".join(argv)
+    if sudo != rm.needs_root(bare):
+        problems.append(f"{command!r}: sudo {'missing' if not sudo else 'not needed'}")
+    prog = argv[0] if argv else ""
+    if prog == "spark-memsaver":
+        try:
+            parse(command)
+        except click.exceptions.Exit:
+            pass                          # '... --help': click answers and exits 0
+        except click.ClickException as e:
+            problems.append(f"{command!r}: {e.format_message()}")
+    elif prog not in OTHER_DISTRIBUTIONS and shutil.which(prog) is None and \
+            shutil.which(prog, path="/usr/sbin:/sbin:/usr/bin:/bin") is None:
+        problems.append(f"{command!r}: no program {prog}")
+    return problems
+
+
+def walk_decide() -> tuple[list[tuple], list[str]]:
+    rows, problems = [], []
+    for name, (snap, config, _, _) in sorted(_variants().items()):
+        v = evaluate(copy.deepcopy(snap), config)
+        for f in v.findings:
+            cmds = rm.commands_in(f.remedy)
+            rows.append((name, v.state, f.code, cmds))
+            for m in rm.unquoted_root_mentions(f.remedy):
+                problems.append(f"{name}/{f.code}: '{m}' outside quotes, without sudo: {f.remedy!r}")
+            for c in cmds:
+                problems += [f"{name}/{f.code}: {p}" for p in check_command(c)]
+                _, argv = split(c)
+                if argv[:1] == ["spark-memsaver"]:
+                    path, params = parse(c)
+                    why = _would_refuse(path, params, snap, config, v.state)
+                    if why:
+                        problems.append(f"{name}/{f.code}: {c!r} would be refused: {why}")
+    return rows, problems
+
+
+def test_remedy_walk_over_every_decide_state():
+    rows, problems = walk_decide()
+    codes = {r[2] for r in rows}
+    assert len(rows) > 30 and {"stock", "headers-missing", "override-driver-mismatch", "operation-interrupted",
+                               "activation-pending", "config-changed", "secure-boot-unknown"} <= codes, codes
+    print("\nremedy walk (decide state / state / code: commands):")
+    for name, state, code, cmds in rows:
+        print(f"  {name:<40} {state:<16} {code:<28} {' ; '.join(cmds) or '-'}")
+    assert problems == []
+
+
+def test_every_named_errors_remedy_is_runnable():
+    problems = []
+    for e in _all_errors():
+        text = e.remedy or ""
+        problems += [f"{e.__name__}: '{m}' outside quotes, without sudo" for m in rm.unquoted_root_mentions(text)]
+        for c in rm.commands_in(text):
+            problems += [f"{e.__name__}: {p}" for p in check_command(c)]
+    assert problems == []
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    from spark_memsaver.host import Host, intents
+    t = tmp_path_factory.mktemp("rw")
+    r = {"stock": sparkroot.make_spark_root(t / "stock"),
+         "stock-no-headers": sparkroot.make_spark_root(t / "nohdr", headers=False),
+         "stock-no-dkms": sparkroot.make_spark_root(t / "nodkms", dkms=False),
+         "installed": sparkroot.make_spark_root(t / "inst", ours_installed="580.142"),
+         "active": sparkroot.make_spark_root(t / "active", uvm_loaded="ours", ours_installed="580.142"),
+         "mismatch": sparkroot.make_spark_root(t / "bad", uvm_loaded="ours", ours_installed="580.95.05"),
+         "unverified": sparkroot.make_spark_root(t / "unv", uvm_loaded="ours", ours_installed="580.142",
+                                                 secure_boot=True),
+         "rolled-back": sparkroot.make_spark_root(t / "rb")}
+    sparkroot.write(r["unverified"], f"/sys/firmware/efi/efivars/SecureBoot-{sparkroot.EFI_GLOBAL}",
+                    b"\x06\x00\x00\x00")
+    intents.write_rollback(Host(r["rolled-back"]), sparkroot.SPARK_KERNEL, "the driver moved", code="requested")
+    return r
+
+
+DRY = {"install", "build", "remove", "rollback", "activate", "reconcile"}
+
+
+def test_remedy_walk_on_fixture_roots(roots):
+    """The real CLI's findings on each root; each spark-memsaver remedy that acts is run with --dry-run on the
+    same root: the same code must not refuse it."""
+    problems, seen = [], []
+    for state, root in roots.items():
+        doc = json.loads(subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), "status",
+                                         "--json"], capture_output=True, text=True, env=ENV, timeout=120).stdout)
+        for f in doc["findings"]:
+            cmds = rm.commands_in(f["remedy"])
+            seen.append((state, f["code"], cmds))
+            problems += [f"{state}/{f['code']}: '{m}' unquoted" for m in rm.unquoted_root_mentions(f["remedy"])]
+            for c in cmds:
+                problems += [f"{state}/{f['code']}: {p}" for p in check_command(c)]
+                _, argv = split(c)
+                if argv[:1] != ["spark-memsaver"]:
+                    continue
+                path, _ = parse(c)
+                if path in DRY:
+                    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), *argv[1:],
+                                        "--dry-run"], capture_output=True, text=True, env=ENV, timeout=120)
+                    if r.returncode != 0:
+                        problems.append(f"{state}/{f['code']}: {c!r} --dry-run refused: {r.stderr.strip()}")
+    print("\nremedy walk on fixture roots (state / code: commands):")
+    for state, code, cmds in seen:
+        print(f"  {state:<18} {code:<28} {' ; '.join(cmds) or '-'}")
+    assert {s for s, _, _ in seen} >= {"stock", "installed", "mismatch", "unverified", "rolled-back"}
+    assert problems == []
+
+
+def test_the_builder():
+    assert rm.cmd("spark-memsaver install --kernel K") == "sudo spark-memsaver install --kernel K"
+    assert rm.cmd("sudo spark-memsaver status") == "spark-memsaver status"
+    assert rm.cmd("spark-memsaver mok status") == "spark-memsaver mok status"
+    assert rm.cmd("spark-memsaver mok enroll") == "sudo spark-memsaver mok enroll"
+    assert rm.cmd("apt-get install dkms") == "sudo apt-get install dkms"
+    assert rm.cmd("systemctl status spark-memsaverd.service") == "systemctl status spark-memsaverd.service"
+    assert rm.RESTART_DAEMON == "sudo systemctl restart spark-memsaverd.service"
+    assert rm.run("spark-memsaver activate") == "Run 'sudo spark-memsaver activate'"
+    assert rm.commands_in("Run 'spark-memsaver reconcile' (or restart spark-memsaverd)") == \
+        ["spark-memsaver reconcile"]
+    assert rm.unquoted_root_mentions("then run spark-memsaver install again") == ["spark-memsaver install"]
+    assert rm.unquoted_root_mentions("spark-memsaver rebuilds it by itself") == []
