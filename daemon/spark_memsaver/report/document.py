@@ -183,7 +183,7 @@ def render_text(doc: dict, verbose: bool = False) -> str:
         rows.append(("Unknown", ", ".join(unknown) + " (no /proc under this root: an image, not a running system)"))
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{k + ':':<{width}}{v}" for k, v in rows]
-    lines.insert(1 + len(first), "")
+    lines.insert(1 + len(first) + (1 if isinstance(doc.get("hold"), dict) else 0), "")   # the first screen ends
     if doc["kernels"]:
         lines.append("")
         lines.append("Kernels:")

@@ -10,7 +10,7 @@ GIB = 1 << 30
 # The seed project's measurement of the same packing (tier leaf) on a serving GB10 node: page-table backing
 # 3.25 GiB -> 0.218 GiB, usable memory +1.78-1.86 GiB (README.md, "What it saves").
 SEED_SAVED_GIB = 1.8
-SEED_BASIS = "the seed project's measurement on a serving GB10 node (page-table backing 3.25 -> 0.22 GiB)"
+SEED_BASIS = "the seed project's measurement on a serving GB10 node: page-table backing 3.25 -> 0.22 GiB"
 VALIDATE = "sudo spark-memsaver validate"
 PACKING_STATES = ("active",)
 OURS_STATES = ("installed", "built", "unverified", "active", "inactive")
@@ -18,6 +18,11 @@ OURS_STATES = ("installed", "built", "unverified", "active", "inactive")
 
 def _gib(n) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def _packing(doc: dict) -> bool:
+    """Ours is loaded and its counters read: the figures are measured (active, or unverified while loaded)."""
+    return (doc.get("memory") or {}).get("saved") is not None and doc.get("state") != "not-applicable"
 
 
 def _page_size(doc: dict) -> int | None:
@@ -30,13 +35,13 @@ def gain(doc: dict) -> str | None:
     mem = doc.get("memory") or {}
     if state == "not-applicable":
         return None
-    if state in PACKING_STATES and mem.get("saved") is not None:
+    if _packing(doc):
         return (f"{_gib(mem['saved'])} saved now (measured: page-table backing {_gib(mem['pagetable_backing'])} "
                 f"instead of {_gib(mem.get('pagetable_stock_equivalent') or 0)})")
     ps = _page_size(doc)
     if ps and ps != 65536:
         return f"nothing measurable: with {ps // 1024} KiB pages a page table already costs little"
-    return f"about {SEED_SAVED_GIB} GiB of usable memory (estimate: {SEED_BASIS}); measured here once active"
+    return f"about {SEED_SAVED_GIB} GiB of usable memory (estimate from {SEED_BASIS}); measured here once active"
 
 
 def _validated(doc: dict) -> dict | None:
@@ -52,9 +57,9 @@ def risk(doc: dict) -> str | None:
     tier = (doc.get("config") or {}).get("tier")
     extra = f"; tier {tier} is not validated on hardware" if tier and tier != "leaf" else ""
     v = _validated(doc)
-    if v and state in PACKING_STATES:
+    if v and _packing(doc):
         return f"validated on this node ({v.get('finished_at') or 'time not recorded'}){extra}"
-    if state in PACKING_STATES:
+    if _packing(doc):
         return (f"this package has not yet run on a GB10 and this node has not been validated: run '{VALIDATE}'"
                 + extra)
     return ("this package has not yet run on a GB10 (compile- and qemu-verified); once active, run "
@@ -76,6 +81,6 @@ def next_step(doc: dict) -> str | None:
                                                                  "driver-source-fetchable"):
             continue
         return remedy
-    if doc.get("state") in PACKING_STATES and not _validated(doc):
+    if _packing(doc) and not _validated(doc):
         return f"Run '{VALIDATE}' to qualify packing on this node with real GPU work."
     return None
