@@ -161,3 +161,13 @@ def test_man_command_tags_name_each_commands_options():
 def test_generated_sections_are_current():
     p = subprocess.run([sys.executable, str(REPO / "tools/gen-docs"), "--check"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_readme_names_every_missing_piece_install_refuses_for():
+    """README's list of the findings that block install is installability's list of codes."""
+    import re as _re
+    from spark_memsaver.decide.installability import CODES
+    m = _re.search(r"one finding per missing piece\s*\(([^)]*)\)", README)
+    assert m, "README does not list the missing pieces"
+    said = set(_re.findall(r"`([a-z-]+)`", m.group(1)))
+    assert said == set(CODES.values()) - {"unknown-kernel"}

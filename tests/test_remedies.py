@@ -209,3 +209,17 @@ def test_the_builder():
         ["spark-memsaver reconcile"]
     assert rm.unquoted_root_mentions("then run spark-memsaver install again") == ["spark-memsaver install"]
     assert rm.unquoted_root_mentions("spark-memsaver rebuilds it by itself") == []
+
+
+def test_every_known_hazards_remedy_names_a_runnable_command():
+    """uvm_patch/hazards.yaml: each hazard's remedies (joined into its finding's remedy) name a command the
+    reader can run (the #1269 remedy said 'stay on the 580 branch' and named none)."""
+    from spark_memsaver.decide.hazard_table import load_hazards
+    hazards = load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())
+    assert hazards
+    for h in hazards:
+        text = "; or ".join(h.remedies)
+        cmds = rm.commands_in(text)
+        assert cmds, (h.code, text)
+        problems = [p for c in cmds for p in check_command(c)] + rm.unquoted_root_mentions(text)
+        assert problems == [], (h.code, problems)
