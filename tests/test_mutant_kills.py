@@ -20,7 +20,7 @@ from spark_memsaver.decide import apt
 from spark_memsaver.decide import hazards as hz
 from spark_memsaver.host import Host, events
 from spark_memsaver.validate import cuda
-from tests.support import needs
+from tests.support import needs, sparkroot
 
 REPO = Path(__file__).resolve().parent.parent
 K = "6.8.0-50-generic"
@@ -191,3 +191,19 @@ def test_policy_answers_exactly():
         assert policy.kernel_in_policy(kc, cfg) == (True, "")
         ok, why = policy.kernel_in_policy({**k64, "preempt_rt": True}, cfg)      # no config read: the flag decides
         assert not ok and "PREEMPT_RT" in why
+
+
+# --- the guard's decision ---------------------------------------------------------------------------------
+
+@pytest.mark.lifecycle
+def test_guard_never_takes_a_module_of_another_name_as_the_stock_nvidia_uvm(tmp_path):
+    """The stock record names the driver's nvidia.ko (right version, no tag, no uvm_pt_pack parameter) and no
+    verified stock nvidia-uvm exists: the guard refuses and loads nothing; it must never insmod nvidia.ko as
+    nvidia-uvm. (Kills, in is_stock_for: ``[ name = nvidia_uvm ] && [ -z tag ] && [ -z pack ]`` with the
+    second && turned into ||.)"""
+    from tests.test_lifecycle import K as LK, _tree, guard, inserted
+    root = _tree(tmp_path, nv="555.58.02", stock_uvm=None, ours="550.163.01")
+    sparkroot.write(root, f"/var/lib/spark-memsaver/stock/{LK}", f"/lib/modules/{LK}/kernel/nvidia-open/nvidia.ko\n")
+    r = guard(root)
+    assert r.returncode == 1 and inserted(r) == [], r.stdout + r.stderr
+    assert "REFUSED" in r.stderr
