@@ -9,6 +9,7 @@ reason shown to the user) when it cannot be known.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from spark_memsaver.decide.c_expr import CEvalError, CLimitError, Expr, Limits, Undecidable, tokens
@@ -72,6 +73,18 @@ def _logical_lines(text: str):
             parts.append(lines[i])
         yield start, " ".join(parts)
         i += 1
+
+
+@functools.lru_cache(maxsize=4)
+def _directives(text: str) -> tuple:
+    """(line, directive, rest) of each preprocessor line of ``text``; made once per text (status asks for the
+    same header at two page sizes)."""
+    out = []
+    for line, raw in _logical_lines(text):
+        m = re.match(r"\s*#\s*(\w+)\s*(.*)$", raw)
+        if m:
+            out.append((line, m.group(1), m.group(2).strip()))
+    return tuple(out)
 
 
 @dataclasses.dataclass
@@ -144,11 +157,7 @@ def _scan(text: str, cfg: dict) -> dict[str, list[_Def]]:
                 s, why = None, f"line {fr[2]}: {fr[3]}"
         return s, why
 
-    for line, raw in _logical_lines(text):
-        m = re.match(r"\s*#\s*(\w+)\s*(.*)$", raw)
-        if not m:
-            continue
-        d, rest = m.group(1), m.group(2).strip()
+    for line, d, rest in _directives(text):
         shown = f"#{d} {rest}".strip()
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         if d in ("if", "ifdef", "ifndef"):
