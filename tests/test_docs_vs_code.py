@@ -171,3 +171,12 @@ def test_readme_names_every_missing_piece_install_refuses_for():
     assert m, "README does not list the missing pieces"
     said = set(_re.findall(r"`([a-z-]+)`", m.group(1)))
     assert said == set(CODES.values()) - {"unknown-kernel"}
+
+
+def test_man_global_options_are_the_root_groups():
+    import click
+    from spark_memsaver.cli.main import cli
+    text = plain_lines(MAN).split("\n.SH GLOBAL OPTIONS\n", 1)[1].split("\n.SH ", 1)[0]
+    said = set(re.findall(r"^\.B[IR]? (--[a-z-]+)", text, re.M)) | set(re.findall(r"^\.BR -h.*(--help)", text, re.M))
+    have = {o for p in cli.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--")} | {"--help"}
+    assert said == have, (said, have)
