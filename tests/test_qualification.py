@@ -394,6 +394,6 @@ def test_status_shows_the_verdict_by_content(tmp_path):
                                    "inherited_from": "550.163.01", "drifted": []}
     # the fixture's 580.142 tree is a stand-in without UVM sources: not what was compiled
     assert patch[sparkroot.DRIVER]["qualification"] == "untested" and MMU in patch[sparkroot.DRIVER]["drifted"]
-    text = subprocess.run([sys.executable, "-m", "spark_memsaver", "--root", str(root), "status"],
+    text = subprocess.run([sys.executable, "-m", "spark_memsaver", "--root", str(root), "status", "--verbose"],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "daemon"))).stdout
     assert "550.163.02: compile-verified by content from 550.163.01" in text, text

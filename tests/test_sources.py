@@ -534,7 +534,7 @@ def test_status_spark_root_without_source_then_fetched(tmp_path):
     assert {"version": drv, "path": paths.source_tree(drv), "open": True, "origin": "cache"} in doc["driver"]["sources"]
     assert doc["driver_sources"]["by_driver"][drv]["present"] is True
     assert doc["driver_sources"]["cache"]["entries"][0]["deb_version"] == ubu
-    text = _cli("--root", str(root), "status", "--direct").stdout
+    text = _cli("--root", str(root), "status", "--direct", "--verbose").stdout   # internals: --verbose (issue 27)
     assert f"{drv} (fetched" in text and f"1 tree ({drv} from {PKG} {ubu})" in text
 
 
