@@ -269,3 +269,52 @@ def test_utc_epoch_is_calendar_timegm():
         assert utc_epoch(bad) is None
     from spark_memsaver.report.metrics import _rfc3339_to_unix
     assert _rfc3339_to_unix("2026-12-02T12:00:00Z") == 1796212800 and _rfc3339_to_unix(None) == 0
+
+
+# --- the product's data files (manifest, hazards table) parsed once per version of their text --------------
+
+def test_data_files_are_parsed_once_per_text(tmp_path, monkeypatch):
+    import stat
+    from spark_memsaver import yamlio
+    from tests.support import needs
+
+    needs.root("the parsed copies are written by root (the status child, root's commands)")
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(yamlio, "DATA_CACHE", str(tmp_path / "cache" / "parsed"))
+    parsed = []
+    real = yamlio.safe_load
+    monkeypatch.setattr(yamlio, "safe_load", lambda text: (parsed.append(text), real(text))[1])
+    text = (REPO / "uvm_patch/manifest.yaml").read_text()
+    want = real(text)
+    assert yamlio.load_data(text, "manifest") == want and len(parsed) == 1
+    kept = tmp_path / "cache/parsed/manifest.json"
+    assert json.loads(kept.read_text())["text"] == text
+    assert yamlio.load_data(text, "manifest") == want and len(parsed) == 1        # from the parsed copy
+    assert yamlio.load_data(text + "\n# edited\n", "manifest") == want and len(parsed) == 2   # another text
+    assert yamlio.load_data(text + "\n# edited\n", "manifest") == want and len(parsed) == 2
+    kept.chmod(0o666)                                                            # writable by others: not believed
+    assert yamlio.load_data(text + "\n# edited\n", "manifest") == want and len(parsed) == 3
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o644                            # and rewritten as ours
+    # a value JSON would change (int keys, dates) is never kept
+    assert yamlio.load_data("1: a\nd: 2026-12-02\n", "odd") is not None
+    assert not (tmp_path / "cache/parsed/odd.json").exists()
+
+
+def test_status_needs_no_yaml_once_the_data_files_are_parsed(tmp_path):
+    from tests.support import needs
+
+    needs.root("the parsed copies are written by root (the status child, root's commands)")
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("6.1.0-test\n")
+    (tmp_path / "cache").mkdir()
+    code = ("import sys\nfrom spark_memsaver import yamlio\n"
+            f"yamlio.DATA_CACHE = {str(tmp_path / 'cache/parsed')!r}\n"
+            "sys.argv = ['spark-memsaver', '--root', sys.argv[1], 'status', '--json', '--direct']\n"
+            "import atexit; atexit.register(lambda: sys.stderr.write('YAML ' + str('yaml' in sys.modules)))\n"
+            "from spark_memsaver.cli.main import main; main()\n")
+    runs = [subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, env=_env(),
+                           timeout=120) for _ in range(2)]
+    for r in runs:
+        assert r.returncode in (0, 1), r.stderr
+    assert runs[0].stderr.endswith("YAML True") and runs[1].stderr.endswith("YAML False"), [r.stderr for r in runs]
+    assert json.loads(runs[0].stdout)["findings"] == json.loads(runs[1].stdout)["findings"]

@@ -90,14 +90,13 @@ class Manifest:
 
 
 def load_manifest(root: Path | None = None) -> Manifest:
-    import yaml
     from spark_memsaver import yamlio
 
     root = Path(root) if root else patch_data_dir()
     path = root / "manifest.yaml"
     try:
-        doc = yamlio.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        doc = yamlio.load_data(path.read_text(), "manifest")
+    except (OSError, yamlio.yaml_error()) as e:
         raise ManifestInvalid(f"cannot read {path}: {e}")
 
     def bad(msg):

@@ -78,12 +78,11 @@ def load_hazards(text: str, source: str = "hazards.yaml") -> list[Hazard]:
 
 @functools.lru_cache(maxsize=4)
 def _load_hazards(text: str, source: str) -> tuple[Hazard, ...]:
-    import yaml
     from spark_memsaver import yamlio
 
     try:
-        doc = yamlio.safe_load(text)
-    except yaml.YAMLError as e:
+        doc = yamlio.load_data(text, "hazards")
+    except yamlio.yaml_error() as e:
         raise HazardsInvalid(f"{source}: not valid YAML ({e.__class__.__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise HazardsInvalid(f"{source}: not a hazards table of format {FORMAT}")
