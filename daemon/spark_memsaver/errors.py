@@ -142,9 +142,15 @@ class UnknownKernel(UsageError):
     code = "unknown-kernel"
 
 
+def unknown_kernel_remedy(installed: list[str]) -> str:
+    if not installed:
+        return "No kernel is installed under this root (no /lib/modules/*): install one, or check --root."
+    return ("Name an installed kernel with --kernel: " + ", ".join(installed)
+            + " (e.g. 'spark-memsaver status' lists them).")
+
+
 def unknown_kernel(kernel: str, installed: list[str]) -> UnknownKernel:
     """The error every command raises for a kernel without /lib/modules/<kernel>, naming those that exist."""
-    from spark_memsaver.decide.installability import unknown_kernel_remedy
     names = ", ".join(installed) or "none"
     return UnknownKernel(f"kernel {kernel} is not installed (no /lib/modules/{kernel}); installed kernels: {names}",
                          remedy=unknown_kernel_remedy(installed), kernel=kernel, installed=list(installed))

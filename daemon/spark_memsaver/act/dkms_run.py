@@ -3,8 +3,6 @@ policy check before a build, the driver source lookup, record I/O (through host/
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import logging
 import os
@@ -14,7 +12,7 @@ import threading
 from pathlib import Path
 
 from spark_memsaver.errors import NotPermitted
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, datadir
 from spark_memsaver.host import fsutil
 from spark_memsaver.host.fsutil import sha256_file
 from spark_memsaver.observe import modules
@@ -44,31 +42,15 @@ NICE = "5"
 
 
 def data_dir() -> Path:
-    """dkms/ (templates, kotool, depmod.d, force file): $SPARK_MEMSAVER_DKMS_DIR, the checkout, or the
-    installed copy under /usr/share/spark-memsaver/dkms."""
-    env = os.environ.get("SPARK_MEMSAVER_DKMS_DIR")
-    cands = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[3] / "dkms",
-                                             Path("/usr/share/spark-memsaver/dkms")]
-    for c in cands:
-        if (c / "templates" / "dkms.conf.j2").is_file():
-            return c
-    raise DkmsConfInvalid("DKMS templates not found (looked in: " + ", ".join(map(str, cands)) + ")")
+    """dkms/ (host/datadir.py finds it); DkmsConfInvalid when it is missing."""
+    try:
+        return datadir.dkms_dir()
+    except datadir.DataMissing as e:
+        raise DkmsConfInvalid(e.message) from None
 
 
-_KOTOOL = None
-
-
-def kotool():
-    """dkms/spark-memsaver-kotool imported as a module (the same code the PRE_INSTALL guard runs)."""
-    global _KOTOOL
-    if _KOTOOL is None:
-        path = data_dir() / "spark-memsaver-kotool"
-        loader = importlib.machinery.SourceFileLoader("spark_memsaver_kotool", str(path))
-        spec = importlib.util.spec_from_loader(loader.name, loader)
-        mod = importlib.util.module_from_spec(spec)
-        loader.exec_module(mod)
-        _KOTOOL = mod
-    return _KOTOOL
+kotool = datadir.kotool     # dkms/spark-memsaver-kotool as a module (host/datadir.py loads it once)
+_KOTOOL = None              # (kept for act/dkms.py's re-export list)
 
 
 sha256 = sha256_file   # one implementation (host/fsutil.py)

@@ -187,7 +187,7 @@ def assess(snap: dict, changes: list[dict]) -> dict:
     override was built for, removes it, or carries a driver that cannot be read (fail safe). A package for
     another kernel never touches it. Returns {"steps": [Step], "notes": [{"kernel", "kind", "message"}]}
     (steps: removals only; notes: what stays ("kept") and what comes ("new-kernel"), for the door's output)."""
-    from spark_memsaver.decide.plan import Step, base_version
+    from spark_memsaver.decide.step import Step, base_version
     per_kernel: dict[str, list] = {}
     wide: list = []
     for c in changes:

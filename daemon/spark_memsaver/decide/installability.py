@@ -34,7 +34,6 @@ Remedies are exact commands that work for the user who reads them (``sudo`` wher
 
 from __future__ import annotations
 
-import re
 
 # Secure Boot states in which a module signed by our key loads.
 SB_LOADABLE = ("not-needed", "enrolled")
@@ -56,11 +55,7 @@ def key_phrase(state: str) -> str:
 from spark_memsaver.decide.mok import ENROLL_STEPS as ENROLL  # noqa: E402  (the Secure Boot path's one wording)
 
 
-def base_version(v: str | None) -> str | None:
-    """The NVIDIA driver version a module version string names: '550.163.01-spark1' -> '550.163.01'."""
-    if not v:
-        return None
-    return re.split(r"[-+~ ]", v.strip(), maxsplit=1)[0] or None
+from spark_memsaver.versions import base_version  # noqa: E402  (the one base_version)
 
 
 def _branch(driver: str) -> str:
@@ -262,11 +257,7 @@ def secure_boot_unknown_remedy(sb: dict) -> str:
     return "Installing is refused until the state can be read. " + SecureBootUnknown.remedy
 
 
-def unknown_kernel_remedy(installed: list[str]) -> str:
-    if not installed:
-        return "No kernel is installed under this root (no /lib/modules/*): install one, or check --root."
-    return ("Name an installed kernel with --kernel: " + ", ".join(installed)
-            + " (e.g. 'spark-memsaver status' lists them).")
+from spark_memsaver.errors import unknown_kernel_remedy  # noqa: E402,F401  (errors.py is a leaf: the text lives there)
 
 
 def first_missing(decision: dict) -> dict | None:

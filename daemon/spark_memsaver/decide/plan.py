@@ -21,8 +21,6 @@ supports it; anything else stays stock with a reason.
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass, field
 
 from spark_memsaver.config import Config
 from spark_memsaver.decide import hold as holds
@@ -34,35 +32,7 @@ NO_AUTO_RETRY = ("build-failed", "patch-failed", "install-failed")
 from spark_memsaver.decide.apt import DRIVER_VERSION_RE  # noqa: E402,F401
 
 
-@dataclass
-class Step:
-    action: str
-    kernel: str | None = None
-    reason: str = ""
-    driver_from: str | None = None
-    driver_to: str | None = None
-    intent: str | None = None          # id of the intent record this step finishes/undoes
-    path: str | None = None
-    code: str | None = None            # rollback code for record-rollback; why a kernel stays stock
-    remedy: str = ""
-    driver: str | None = None          # fetch-source: the driver version whose source is fetched
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
-
-
-# Actions that change the system (the rest only explain).
-ACTING = ("undo-intent", "finish-intent", "clear-intent", "drop-record", "remove-override",
-          "record-rollback", "clear-rollback", "fetch-source", "build-install", "reload-uvm")
-INFO = ("ok", "stay-stock", "blocked", "config-changed", "held")
-
-
-def base_version(v: str | None) -> str | None:
-    """The NVIDIA driver version a module version string names: '550.163.01-spark1' -> '550.163.01'."""
-    if not v:
-        return None
-    v = v.strip()
-    return re.split(r"[-+~ ]", v, maxsplit=1)[0] or None
+from spark_memsaver.decide.step import ACTING, INFO, Step, base_version  # noqa: E402,F401  (one Step, one base_version)
 
 
 def _sources(snap: dict) -> dict[str, dict]:

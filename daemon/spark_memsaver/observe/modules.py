@@ -61,11 +61,7 @@ def parse_modinfo(text: str) -> dict:
     return info
 
 
-def base_version(v: str | None) -> str | None:
-    """'550.163.01-spark1' -> '550.163.01' (the guard's driver_of())."""
-    if not v:
-        return None
-    return re.split(r"[-+~ \t]", v.strip(), maxsplit=1)[0] or None
+from spark_memsaver.versions import base_version  # noqa: E402  (the one base_version)
 
 
 def classify(info: dict) -> str:
@@ -140,7 +136,7 @@ def read_selected(host: Host, kernel: str, name: str = UVM, *, digest: bool = Fa
 def read_file(host: Host, path: str) -> dict:
     """The fields of the module FILE at host path ``path`` (stdlib ELF reader of the kotool; .ko/.xz/.gz, .zst
     through zstd); ``unreadable`` when it cannot be read or decompressed."""
-    from spark_memsaver.act.dkms_run import kotool  # the kotool is imported by file path (dkms data dir)
+    from spark_memsaver.host.datadir import kotool  # the kotool is imported by file path (dkms data dir)
     kt = kotool()
     try:
         info, _ = kt.modinfo(str(host.path(path)))

@@ -1,0 +1,216 @@
+"""The package's layers, checked from its source (issue 22 item 7): every import -- at module level and inside
+functions, ``import x`` and ``from x import y`` alike -- between modules of spark_memsaver.
+
+Bottom to top: host/, config, errors (and the package's own small leaf modules) -> decide/ | observe/ -> report/ ->
+act/ | validate/ -> service/ -> cli/ (and ``__main__``). An import may go down, never up; decide/ and observe/ never
+import each other, nor do act/ and validate/; and there is no import cycle at all, also inside one folder (a
+cycle hides an order nobody can read). docs/architecture.md describes the layers.
+
+A ratchet while the last of them are taken apart: KNOWN_CYCLES and KNOWN_AGAINST list what main still has
+(issue 22; each entry with where it is cut). A new cycle or upward import fails; so does an entry that is gone
+(delete it here): the lists only ever shrink, and the test is strict once they are empty.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "daemon" / "spark_memsaver"
+
+# layer of each top-level folder/module; the same number means side by side (no imports between them)
+LAYER = {"host": 0, "config": 0, "errors": 0, "exitcodes": 0, "config_keys": 0, "": 0,
+         "decide": 1, "observe": 1, "report": 2, "act": 3, "validate": 3, "service": 4, "cli": 5, "__main__": 6}
+
+
+# Groups of modules that still import each other in a circle (a cycle found must lie inside one of them).
+KNOWN_CYCLES: list[set[str]] = [
+    # the executor's ops and steps: installable/source_fetch/dryrun call back into executor (observe_for_plan,
+    # dpkg_running); cut: one observe-side gather of every input, steps from a handler table
+    {"act.activate", "act.dryrun", "act.executor", "act.installable", "act.rollback", "act.source_fetch",
+     "act.steps"},
+    {"cli.build", "cli.lifecycle"},
+    # decide/mok reads EFI variables (observe/efivars) and observe/mok decides with decide/mok (issue 23's);
+    # efi_siglist and x509 share error types both ways
+    {"decide.installability", "decide.mok", "decide.policy", "errors", "observe.efi_siglist", "observe.efivars",
+     "observe.x509"},
+    {"service.daemon", "service.runtime"},
+]
+# Imports against the flow still on main.
+KNOWN_AGAINST: set[str] = {
+    "config -> decide", "config -> decide.policy", "config_keys -> decide", "config_keys -> decide.policy",
+    "decide.mok -> observe", "decide.mok -> observe.efivars", "observe.mok -> decide.mok", "observe.snapshot -> decide.hazards",
+    "observe.sources -> decide", "observe.sources -> decide.sources", "report.document -> act",
+    "report.document -> act.installable",
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _resolve(name: str, mods: dict) -> str | None:
+    """'spark_memsaver.act.dkms' -> 'act.dkms' when that is a module of ours, else its nearest package."""
+    if name != "spark_memsaver" and not name.startswith("spark_memsaver."):
+        return None
+    parts = name.split(".")[1:]
+    while parts and ".".join(parts) not in mods:
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(mods: dict | None = None) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (every import statement, wherever it stands)."""
+    mods = mods or modules()
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg[:len(pkg) - node.level + 1] if node.level > 1 else pkg
+                    src = ".".join(["spark_memsaver", *base] + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                names = [f"{src}.{a.name}" for a in node.names] + [src]
+                # 'from pkg import mod' names a module; 'from mod import name' the module itself
+                names = [n for n in names if _resolve(n, mods) is not None]
+                names = [max(names, key=lambda n: len(_resolve(n, mods) or ""))] if names and all(
+                    _resolve(n, mods) == _resolve(src, mods) for n in names) else names
+            for n in names:
+                r = _resolve(n, mods)
+                if r is not None and r != mod:
+                    deps.add(r)
+        graph[mod] = deps
+    return graph
+
+
+def layer(mod: str) -> tuple[str, int]:
+    top = mod.split(".")[0] if mod else ""
+    return top, LAYER.get(top, 0)
+
+
+def against_the_flow(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for a, deps in sorted(graph.items()):
+        ta, la = layer(a)
+        for b in sorted(deps):
+            tb, lb = layer(b)
+            if ta == tb:
+                continue
+            if lb > la or (lb == la and ta != tb and la != 0):
+                bad.append(f"{a} -> {b}")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return sorted(out)
+
+
+def test_the_checker_sees_imports_inside_functions_and_cycles():
+    """The checker itself: a lazy import counts, a two-module cycle is found, an upward import is named."""
+    g = {"decide.a": {"observe.b"}, "observe.b": set(), "act.c": {"act.d"}, "act.d": {"act.c"},
+         "host.x": {"cli.y"}, "cli.y": set()}
+    assert cycles(g) == [["act.c", "act.d"]]
+    assert against_the_flow(g) == ["decide.a -> observe.b", "host.x -> cli.y"]
+    mods = modules()
+    graph = imports(mods)
+    assert "cli.main" in graph and graph["__main__"]        # the real package was read
+    lazy = [m for m, p in mods.items() if "    from spark_memsaver." in p.read_text()]
+    assert lazy and all(graph[m] for m in lazy)               # function-level imports are counted
+
+
+def test_no_import_cycle():
+    found = cycles(imports())
+    new = [c for c in found if not any(set(c) <= k for k in KNOWN_CYCLES)]
+    assert not new, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    gone = [sorted(k) for k in KNOWN_CYCLES if not any(set(c) <= k for c in found)]
+    assert not gone, "cycles taken apart: delete them from KNOWN_CYCLES:\n" + "\n".join(map(str, gone))
+
+
+def test_no_import_against_the_flow():
+    bad = set(against_the_flow(imports()))
+    assert not bad - KNOWN_AGAINST, "imports against the flow (host/config/errors -> decide | observe -> " \
+        "report -> act | validate -> service -> cli):\n" + "\n".join(sorted(bad - KNOWN_AGAINST))
+    assert not KNOWN_AGAINST - bad, "gone: delete from KNOWN_AGAINST:\n" + "\n".join(sorted(KNOWN_AGAINST - bad))
+
+
+def test_decide_and_observe_never_import_each_other():
+    g = imports()
+    bad = {f"{a} -> {b}" for a, deps in g.items() for b in deps
+           if {layer(a)[0], layer(b)[0]} == {"decide", "observe"}}
+    assert bad <= KNOWN_AGAINST, "\n".join(sorted(bad - KNOWN_AGAINST))
+
+
+def test_decide_is_pure():
+    """decide/ imports nothing of observe/ or act/ (nor anything above): it maps facts to decisions."""
+    g = imports()
+    bad = {f"{a} -> {b}" for a, deps in g.items() if layer(a)[0] == "decide" for b in deps
+           if layer(b)[1] > 0 and layer(b)[0] != "decide"}
+    assert bad <= KNOWN_AGAINST, "\n".join(sorted(bad - KNOWN_AGAINST))
+
+
+def test_one_base_version():
+    """One definition (spark_memsaver/versions.py) for the planner, the APT door, installability, the module reader,
+    status and metrics; it cuts where the load-time guard's driver_of() cuts."""
+    from spark_memsaver import versions
+    from spark_memsaver.decide import apt, installability, plan, step
+    from spark_memsaver.observe import modules
+    assert plan.base_version is step.base_version is installability.base_version is modules.base_version \
+        is versions.base_version
+    assert apt.upstream_of_deb("580.142-0ubuntu1") == "580.142"
+    b = versions.base_version
+    assert b("550.163.01-spark1") == "550.163.01" and b(" 580.142\n") == "580.142"
+    assert b("550.163.01+sm") == b("550.163.01~rc") == b("550.163.01 x") == b("550.163.01\tx") == "550.163.01"
+    assert b(None) is None and b("") is None and b("-x") is None
+    defs = [p for p in PKG.rglob("*.py") if "def base_version" in p.read_text()]
+    assert [p.name for p in defs] == ["versions.py"]
