@@ -34,7 +34,6 @@ KNOWN_CYCLES: list[set[str]] = [
     # efi_siglist and x509 share error types both ways
     {"decide.installability", "decide.mok", "decide.policy", "errors", "observe.efi_siglist", "observe.efivars",
      "observe.x509"},
-    {"service.daemon", "service.runtime"},
 ]
 # Imports against the flow still on main.
 KNOWN_AGAINST: set[str] = {

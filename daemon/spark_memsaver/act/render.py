@@ -36,6 +36,7 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
         "nvidia_source": nvidia_source, "kernels_policy": config.kernels,
         "source_candidates": source_candidates(driver), "pythonpath": pyroot,
         "tier_default": policy.tier_value(config.tier),
+        **policy.dkms_build_exclusive(config.kernels),      # the one kernel policy (decide/policy.RULES)
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(d / "templates")), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)

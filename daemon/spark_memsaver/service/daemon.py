@@ -49,7 +49,8 @@ def remote_error(d: dict) -> MemsaverError:
 class Daemon:
     """The core. Every method runs on the main loop unless its name says thread."""
 
-    def __init__(self, root: str = "/", config_path: str | None = None, reconcile: bool = True):
+    def __init__(self, root: str = "/", config_path: str | None = None, reconcile: bool = True,
+                 monitor_factory=None):
         from spark_memsaver import config as cfg
         from spark_memsaver.host import Host
         from spark_memsaver.service.jobs import JobManager
@@ -57,6 +58,7 @@ class Daemon:
         self.root, self.config_path = root, config_path
         self.host = Host(root)
         self.reconcile_enabled = reconcile
+        self.monitor_factory = monitor_factory   # service/runtime.py injects its uevent monitor; else Monitor
         self.service = None            # the dbus_service.Publication
         self.loop = None
         self.doc: dict | None = None
@@ -226,9 +228,10 @@ class Daemon:
 
     # --- monitoring --------------------------------------------------------------------------------
     def _start_monitor(self) -> None:
-        from spark_memsaver.service.runtime import monitor_class
-
-        self.monitor = monitor_class()(self.host, self.config, on_sample=self.on_sample,
+        if self.monitor_factory is None:
+            from spark_memsaver.service.monitor import Monitor
+            self.monitor_factory = Monitor
+        self.monitor = self.monitor_factory(self.host, self.config, on_sample=self.on_sample,
                                        on_module_event=self.on_module_event, on_paths_changed=self.on_paths_changed,
                                        state_of=lambda: self.props["State"], version=__version__,
                                        document_of=lambda: self.doc)
@@ -389,15 +392,7 @@ class Daemon:
             GLib.timeout_add_seconds(STOP_WAIT_S, self.loop.quit)
         return True
 
-    def run(self) -> int:
-        from spark_memsaver.service import runtime
-        return runtime.serve(self)
 
-
-def main(argv: list[str] | None = None) -> None:
-    from spark_memsaver.service import runtime
-    runtime.main(argv)
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":      # `python3 -m spark_memsaver.service.daemon`: the entry point is runtime's
+    import runpy
+    runpy.run_module("spark_memsaver.service.runtime", run_name="__main__")

@@ -183,5 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.debug)
     from spark_memsaver.service.daemon import Daemon
 
-    d = Daemon(root=args.root, config_path=args.config, reconcile=not args.no_reconcile)
-    sys.exit(d.run())
+    d = Daemon(root=args.root, config_path=args.config, reconcile=not args.no_reconcile,
+               monitor_factory=monitor_class())
+    sys.exit(serve(d))
+
+
+if __name__ == "__main__":
+    main()
