@@ -180,3 +180,18 @@ def test_man_global_options_are_the_root_groups():
     said = set(re.findall(r"^\.B[IR]? (--[a-z-]+)", text, re.M)) | set(re.findall(r"^\.BR -h.*(--help)", text, re.M))
     have = {o for p in cli.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--")} | {"--help"}
     assert said == have, (said, have)
+
+
+def test_readme_usage_lines_run_as_written():
+    """Each line of README's 'Using it' block parses with the CLI's own parser (brackets and alternatives read
+    as their first form) and carries sudo exactly where the command needs root."""
+    from spark_memsaver import remedy
+    from tests.support.cliparse import parse, split
+    block = README.split("## Using it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    for line in block.splitlines():
+        cmd = line.split("#", 1)[0].strip()
+        cmd = re.sub(r"\[([^\]|]+)(?:\|[^\]]*)?\]", r"\1", cmd)      # [--kernel K|--all] -> --kernel K
+        cmd = cmd.replace("--max-gib N", "--max-gib 8")                    # a placeholder of a number
+        sudo, argv = split(cmd)
+        parse(" ".join(["sudo"] * sudo + argv))
+        assert sudo == remedy.needs_root(" ".join(argv)), line
