@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .errors import ConfigError
-from .decide import policy
+from . import vocabulary as policy   # the tier/kernels vocabulary (a leaf; decide/policy re-exports it)
 
 DEFAULT_PATH = "/etc/spark-memsaver/config.yaml"
 ENV_VAR = "SPARK_MEMSAVER_CONFIG"

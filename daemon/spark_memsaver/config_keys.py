@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from spark_memsaver.config import _SCHEMA, Config
-from spark_memsaver.decide import policy
+from spark_memsaver import vocabulary as policy   # the tier/kernels vocabulary (decide/policy re-exports it)
 
 MEANING = {
     "kernels": "`64k-only`: build for arm64 kernels with 64 KiB pages only (packing saves nothing with 4 KiB "

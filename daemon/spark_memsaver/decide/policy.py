@@ -21,51 +21,11 @@ from __future__ import annotations
 
 from spark_memsaver.errors import ConfigError
 
-# --- tiers -------------------------------------------------------------------------------------
+# --- tiers and policy names: spark_memsaver/vocabulary.py (a leaf, so config.py need not import decide/) ---
 
-TIERS = {"leaf": 3, "4k-all": 1, "256": 2}          # config name -> module value
-DEFAULT_TIER = "leaf"
-VALIDATED_TIERS = ("leaf",)                          # validated on hardware by the seed project
-RENAMED = {"4k": "4k-all"}                           # old name -> current name
-MODULE_TIERS = {0: "off", 1: "4k-all", 2: "256", 3: "leaf"}   # module value -> the name its counters print
-
-
-class TierInvalid(ConfigError):
-    code = "config-invalid"
-
-
-def tier_values_text() -> str:
-    return ", ".join(TIERS)
-
-
-def normalize_tier(value) -> str:
-    """The current name of a configured tier ('4k' -> '4k-all'; 256 -> '256'); TierInvalid otherwise."""
-    v = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    if v in TIERS:
-        return v
-    if v in RENAMED:
-        return RENAMED[v]
-    raise TierInvalid(f"tier {value!r} is not one of: {tier_values_text()}",
-                      remedy=f"Set 'tier:' to one of {tier_values_text()} (leaf is the default).")
-
-
-def tier_renamed(raw) -> str | None:
-    """The note for an old tier name still in a config file, else None."""
-    v = str(raw).strip() if raw is not None else None
-    if v in RENAMED:
-        return (f"config 'tier: {v}' is the old name of '{RENAMED[v]}' (4 KiB slots at every level); "
-                f"it keeps working")
-    return None
-
-
-def tier_value(name) -> int:
-    """The uvm_pt_pack module value of a tier name (old names accepted)."""
-    return TIERS[normalize_tier(name)]
-
-
-# --- kernel policy -----------------------------------------------------------------------------
-
-KERNEL_POLICIES = ("64k-only", "all")
+from spark_memsaver.vocabulary import (DEFAULT_TIER, KERNEL_POLICIES, MODULE_TIERS, RENAMED, TIERS,  # noqa: E402,F401
+                                       VALIDATED_TIERS, TierInvalid, normalize_tier, tier_renamed, tier_value,
+                                       tier_values_text)
 
 # policy -> (arch regex DKMS matches against its arch, CONFIG terms: "SYM" must be y/m, "!SYM" must not be)
 RULES = {
