@@ -474,22 +474,22 @@ class HostMemoryCuda:
 
 
 @pytest.fixture
-def small(monkeypatch):
-    """A small run: the workload's logic does not depend on the 256 MiB floor a real node keeps."""
-    monkeypatch.setattr(V, "MIN_BUDGET", 32 * MIB)
-    monkeypatch.setattr(V, "MAX_BLOCK", 16 * MIB)
+def small():
+    """A small run: the workload's logic does not depend on the 256 MiB floor a real node keeps (passed to the
+    worker as parameters, as the command passes its own)."""
+    return {"min_budget": 32 * MIB, "max_block": 16 * MIB}
 
 
-def run_worker_inline(cu, max_bytes=80 * MIB):
+def run_worker_inline(cu, max_bytes=80 * MIB, **params):
     events = []
-    V._Worker({"max_bytes": max_bytes, "duration": 1, "threads": 2, "seed": 7}, events.append,
+    V._Worker({"max_bytes": max_bytes, "duration": 1, "threads": 2, "seed": 7, **params}, events.append,
               lambda t: True, lambda: cu).run()
     return {e["event"]: e for e in events}
 
 
 def test_worker_data_checks_pass_and_free_everything(small):
     cu = HostMemoryCuda()
-    ev = run_worker_inline(cu)
+    ev = run_worker_inline(cu, **small)
     checks = by_name(ev["done"]["checks"])
     assert {n: c["status"] for n, c in checks.items()} == {
         "device-memory": "pass", "managed-memory": "pass", "managed-prefetch": "pass", "holes-reuse": "pass",
@@ -505,7 +505,7 @@ def test_worker_data_checks_pass_and_free_everything(small):
 
 
 def test_worker_detects_a_corrupted_read(small):
-    ev = run_worker_inline(HostMemoryCuda(corrupt_dtoh=3))
+    ev = run_worker_inline(HostMemoryCuda(corrupt_dtoh=3), **small)
     bad = [c for c in ev["done"]["checks"] if c["status"] == V.FAIL]
     # the 3rd copy-engine read belongs to whichever thread (or the span) got there first
     assert len(bad) == 1 and bad[0]["name"] in ("device-memory", "managed-memory", "cross-4gib")

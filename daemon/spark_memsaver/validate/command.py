@@ -43,7 +43,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 
 from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, UsageError
 from spark_memsaver import __version__
@@ -63,22 +62,6 @@ from spark_memsaver.validate.worker import (  # noqa: F401
     _Worker, _Span, worker_checks, _try, _cuda_version, host_mem_available, worker_main)
 from spark_memsaver.validate.report import (  # noqa: F401
     outcome_of, build_report, _iso, _gib, render_summary, save_report)
-
-
-class _Sections(types.ModuleType):
-    """Setting a name here (tests patch MIN_BUDGET, MAX_BLOCK) sets it in the section that uses it too."""
-
-    def __setattr__(self, name, value):
-        old = self.__dict__.get(name)
-        for mod in _SECTIONS:
-            if name in mod.__dict__ and mod.__dict__[name] is old:
-                setattr(mod, name, value)
-        super().__setattr__(name, value)
-
-
-_SECTIONS = tuple(sys.modules[f"spark_memsaver.validate.{m}"]
-                  for m in ("params", "workload", "checks", "worker", "report"))
-sys.modules[__name__].__class__ = _Sections
 
 
 # --- orchestration --------------------------------------------------------------------------------------

@@ -74,7 +74,8 @@ class _Worker:
         free, total = cu.mem_info()
         plan = plan_budget(self.p["max_bytes"], free, total, integrated=ident["integrated"],
                            host_available=host_mem_available(),
-                           concurrent_managed=ident["concurrent_managed_access"])
+                           concurrent_managed=ident["concurrent_managed_access"],
+                           min_budget=self.p.get("min_budget"))
         self.emit({"event": "budget", "budget": plan})
         if plan["refused"]:
             cu.primary_ctx_release(dev)
@@ -87,7 +88,7 @@ class _Worker:
         if share < 4 * MIB:
             threads_n = max(1, (plan["budget"] - span_charge) // (4 * MIB))
             share = (plan["budget"] - span_charge) // threads_n
-        self.max_block = max(4 * KIB, min(MAX_BLOCK, share // 2) // (4 * KIB) * (4 * KIB))
+        self.max_block = max(4 * KIB, min(self.p.get("max_block") or MAX_BLOCK, share // 2) // (4 * KIB) * (4 * KIB))
         self.pool_slack = 4 * MIB
         t = time.monotonic()
         self.pool = ctypes.create_string_buffer(os.urandom(max(self.max_block, SPAN_WINDOW) + self.pool_slack))
