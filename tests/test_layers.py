@@ -213,3 +213,23 @@ def test_one_base_version():
     assert b(None) is None and b("") is None and b("-x") is None
     defs = [p for p in PKG.rglob("*.py") if "def base_version" in p.read_text()]
     assert [p.name for p in defs] == ["versions.py"]
+
+
+def test_one_ours_predicate():
+    """decide/ours.py decides "ours, and built for the nvidia.ko beside it" for the planner, the APT door and status
+    alike, by base_version (a suffixed module version is not a mismatch anywhere)."""
+    from spark_memsaver.decide import ours
+    k = lambda u, n: {"uvm_selected": u, "nvidia_selected": {"version": n} if n else None}  # noqa: E731
+    mine = {"patched": True, "version": "580.142-sm0.2"}
+    assert ours.selection(k(mine, "580.142")) == "consistent" and ours.driver_mismatch(k(mine, "580.142")) is None
+    assert ours.selection(k(mine, "590.44.01")) == "mismatch"
+    assert ours.driver_mismatch(k(mine, "590.44.01")) == ("580.142", "590.44.01")
+    assert ours.selection(k(mine, None)) == "mismatch" and ours.driver_mismatch(k(mine, None)) is None
+    assert ours.selection(k({"patched": True, "version": ""}, "580.142")) == "mismatch"
+    assert ours.selection(k({"patched": False, "version": "580.142"}, "590.44.01")) == "stock"
+    assert ours.loaded_mismatch({"loaded": True, "patched": True, "version": "580.142"}, "580.95.05") == \
+        ("580.142", "580.95.05")
+    assert ours.loaded_mismatch({"loaded": False, "patched": True, "version": "580.142"}, "580.95.05") is None
+    assert ours.loaded_mismatch({"loaded": True, "patched": True, "version": "580.142-x"}, "580.142") is None
+    src = "\n".join(p.read_text() for p in (PKG / "decide").glob("*.py") if p.name not in ("ours.py", "packing.py"))
+    assert '.get("patched")' not in src          # every other reader in decide/ asks decide/ours.py

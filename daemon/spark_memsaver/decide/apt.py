@@ -187,6 +187,7 @@ def assess(snap: dict, changes: list[dict]) -> dict:
     override was built for, removes it, or carries a driver that cannot be read (fail safe). A package for
     another kernel never touches it. Returns {"steps": [Step], "notes": [{"kernel", "kind", "message"}]}
     (steps: removals only; notes: what stays ("kept") and what comes ("new-kernel"), for the door's output)."""
+    from spark_memsaver.decide import ours
     from spark_memsaver.decide.step import Step, base_version
     per_kernel: dict[str, list] = {}
     wide: list = []
@@ -201,9 +202,9 @@ def assess(snap: dict, changes: list[dict]) -> dict:
     for rel, k in known.items():
         sel = k.get("uvm_selected") or {}
         relevant = per_kernel.get(rel, []) + [w[:3] for w in wide if _wide_applies(k, w[3])]
-        if not sel.get("patched") or not relevant:
+        if not ours.is_ours(sel) or not relevant:      # the one predicate (decide/ours.py)
             continue
-        built_for = base_version(sel.get("version"))
+        built_for = ours.built_for(sel)
         names = ", ".join(sorted({n for n, _, _ in relevant}))
         gone = [n for n, _, r in relevant if r]
         tos = {d for _, d, r in relevant if not r}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from spark_memsaver.config import Config
 from spark_memsaver.decide import hold as holds
+from spark_memsaver.decide import ours as ours_
 from spark_memsaver.decide import policy
 from spark_memsaver.decide.installability import ENROLL, SB_LOADABLE, installability  # noqa: F401
 from spark_memsaver.decide.policy import kernel_in_policy
@@ -104,9 +105,8 @@ def _intent_steps(snap: dict, alive_pids: set[int] | None) -> tuple[list[Step], 
             steps.append(Step("blocked", kern, f"'{op}' is still running (pid {it.get('pid')})", intent=iid))
             continue
         k = kernels.get(kern) if kern else None
-        sel = (k or {}).get("uvm_selected") or {}
         nv = base_version(((k or {}).get("nvidia_selected") or {}).get("version"))
-        consistent = bool(sel.get("patched")) and base_version(sel.get("version")) == nv and nv is not None
+        consistent = ours_.selection(k or {}) == "consistent"
         if kern and op != "activate" and not (op == "install" and consistent):
             touched.add(kern)
         if op in ("remove", "rollback"):
@@ -148,14 +148,13 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             continue
         sel = k.get("uvm_selected") or {}
         nv = base_version((k.get("nvidia_selected") or {}).get("version"))
-        ours = bool(sel.get("patched"))
-        built_for = base_version(sel.get("version")) if ours else None
+        built_for = ours_.built_for(sel)
         rb = _rollback_for(records, rel)
         hold = holds.held(records, rel)   # the administrator's rollback/remove: no build, safety only
         if sel.get("error"):
             steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel['error']}"))
             continue
-        if ours and built_for and nv and built_for == nv and rel not in undone:
+        if ours_.selection(k) == "consistent" and rel not in undone:
             if rb:
                 records_out.append(Step("clear-rollback", rel, "the patched module is back", driver_to=nv))
             changed = config_change(k, snap, config, support, rebuild)
@@ -171,7 +170,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
                 (removals if changed.action == "remove-override" else steps).append(changed)
             continue
         removed_reason = None
-        if ours and not (built_for and built_for == nv):
+        if ours_.selection(k) == "mismatch":
             if not nv:
                 removed_reason = f"no nvidia.ko is installed for kernel {rel} any more (override was for {built_for})"
             elif not built_for:
@@ -222,7 +221,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
     # Loaded modules: a patched UVM loaded beside a different nvidia (only possible if forced by hand).
     uvm = snap.get("uvm") or {}
     loaded_nv = base_version((snap.get("driver") or {}).get("loaded_version"))
-    if uvm.get("loaded") and uvm.get("patched") and loaded_nv and base_version(uvm.get("version")) != loaded_nv:
+    if ours_.loaded_mismatch(uvm, loaded_nv):
         holders = snap.get("holders") or []
         if holders:
             steps.append(Step("blocked", None, "a patched nvidia-uvm for {} is loaded beside nvidia {} and is in use "

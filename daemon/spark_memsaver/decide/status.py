@@ -10,6 +10,7 @@ from spark_memsaver.decide import policy
 from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the one policy; old import path)
 from spark_memsaver.decide.hazards import findings_from_inputs
 from spark_memsaver.decide import hold as holds
+from spark_memsaver.decide import ours
 from spark_memsaver.decide import installability as inst_mod
 from spark_memsaver import remedy as rm
 from spark_memsaver.decide import mok as mok_decide
@@ -52,7 +53,7 @@ def config_changed(snap: dict, config: Config, support: dict | None = None) -> l
     from spark_memsaver.decide.plan import build_record, rebuild_command
     out = []
     for k in snap.get("kernels", []):
-        if not (k.get("uvm_selected") or {}).get("patched"):
+        if not ours.is_ours(k.get("uvm_selected")):
             continue
         diff = policy.settings_changed(build_record(snap, k["release"]), config)
         if not diff:
@@ -139,7 +140,7 @@ def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
     out = []
     uvm = snap.get("uvm") or {}
     fail = (snap.get("guard") or {}).get("ours_load_failed")
-    if fail and not (uvm.get("loaded") and uvm.get("patched")):
+    if fail and not (uvm.get("loaded") and ours.is_ours(uvm)):
         cause = mok_decide.LOAD_FAILURE_CAUSES.get(fail["cause"], fail["reason"])
         inuse = "the stock module is in use" if uvm.get("loaded") else "no nvidia-uvm is loaded"
         if fail["cause"] in ("key-not-trusted", "signature-required"):
@@ -192,7 +193,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     mismatch = False
     for k in snap.get("kernels", []):
         sel, nv = k.get("uvm_selected") or {}, k.get("nvidia_selected") or {}
-        if sel.get("patched") and nv.get("version") and sel.get("version") and sel["version"] != nv["version"]:
+        if ours.driver_mismatch(k):           # the one predicate (decide/ours.py), as the planner's
             mismatch = True
             f.append(Finding("override-driver-mismatch", "error",
                              f"Our nvidia-uvm {sel['version']} is selected for kernel {k['release']} beside "
@@ -200,7 +201,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
                              f"{rm.run('spark-memsaver reconcile')} (or '{rm.RESTART_DAEMON}') to remove the stale "
                              "override and rebuild for the installed driver.", k["release"]))
     loaded_nv = snap["driver"].get("loaded_version")
-    if uvm.get("loaded") and uvm.get("patched") and loaded_nv and uvm.get("version") and uvm["version"] != loaded_nv:
+    if ours.loaded_mismatch(uvm, loaded_nv):
         mismatch = True
         f.append(Finding("loaded-driver-mismatch", "error",
                          f"The loaded nvidia-uvm is ours for {uvm['version']} but nvidia {loaded_nv} is loaded.",
@@ -248,12 +249,12 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     f.extend(secure_boot_findings(snap, sb, sb_state))
 
     # 5. Policy for the running kernel.
-    ours_selected = bool(running and (running.get("uvm_selected") or {}).get("patched"))
+    ours_selected = bool(running and ours.is_ours(running.get("uvm_selected")))
     if running is None and decision is not None:
         f.extend(install_findings(decision))
     if running is not None:
         ok, why = kernel_in_policy(running, config)
-        if not ok and not ours_selected and not (uvm.get("loaded") and uvm.get("patched")):
+        if not ok and not ours_selected and not (uvm.get("loaded") and ours.is_ours(uvm)):
             f.append(Finding("kernel-outside-policy", "info", why.capitalize() + ".",
                              inst_mod.policy_remedy(config, why), running["release"]))
             if host.get("page_size") != 65536 and config.kernels == "64k-only":
@@ -277,7 +278,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
         return Verdict("needs-attention", f)
 
     # 6. Loaded module.
-    if uvm.get("loaded") and uvm.get("patched"):
+    if uvm.get("loaded") and ours.is_ours(uvm):
         packing = uvm.get("packing") or {}
         if "error" in packing or not packing:
             f.append(Finding("counters-unreadable", "warning",
