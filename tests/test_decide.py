@@ -200,3 +200,19 @@ def test_mismatch_wins_over_everything():
     v = evaluate(s, Config())
     assert v.state == "needs-attention"
     assert [f for f in v.findings if f.code == "override-driver-mismatch"][0].severity == "error"
+
+
+def test_a_suffixed_module_version_is_not_a_mismatch_in_status():
+    """Status and the planner read "ours beside its driver" through decide/ours.py (by base_version, as the guard's
+    driver_of()): before, status compared raw strings and called ours '580.142-sm1' beside nvidia.ko 580.142 an
+    override-driver-mismatch (and the loaded module too), while the planner called it consistent."""
+    from spark_memsaver.decide import plan as rc
+    s = ours_loaded(base_snapshot())
+    s["uvm"]["version"] = "580.142-sm1"
+    s["kernels"][0]["uvm_selected"]["version"] = "580.142-sm1"
+    v = evaluate(s, Config())
+    assert "override-driver-mismatch" not in codes(v) and "loaded-driver-mismatch" not in codes(v), codes(v)
+    assert v.state == "active"
+    assert [st.action for st in rc.plan(s, Config(), {"580.142": {"supported": True}})] == ["ok"]
+    s["kernels"][0]["nvidia_selected"]["version"] = "590.44.01"     # a real mismatch is still one
+    assert "override-driver-mismatch" in codes(evaluate(s, Config()))
