@@ -142,6 +142,17 @@ def test_apt_door_and_install_serialize_on_the_one_lock(tmp_path, spark):
     assert _selected(spark)["path"] == STOCK                             # override removed before unpack
 
 
+def test_apt_door_observes_the_host_once(spark, monkeypatch):
+    """The APT pre-install door takes one snapshot (its recovery's), not two (issue 22; before: two)."""
+    from spark_memsaver.observe import snapshot as snapmod
+    calls = []
+    real = snapmod.snapshot
+    monkeypatch.setattr(snapmod, "snapshot", lambda *a, **k: calls.append(1) or real(*a, **k))
+    doc = executor.perform("apt-pre-install", Host(spark), Config(), text=V3)
+    assert doc["steps"][0]["action"] == "remove-override" and doc["steps"][0]["ok"], doc
+    assert len(calls) == 1 and _selected(spark)["path"] == STOCK
+
+
 # --- defect 4: a full state disk never stops a removal toward stock -----------------------------
 
 @pytest.fixture

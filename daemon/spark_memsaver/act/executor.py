@@ -114,9 +114,12 @@ def plan_now(host: Host, config: Config, **kw) -> tuple[dict, dict, list]:
     return snap, support, rc.plan(snap, config, support, alive_pids=live, **kw)
 
 
-def recover(host: Host, config: Config, progress, problems: list) -> list[dict]:
-    """Finish or undo what an interrupted operation left (its intent record), before acting anew."""
+def recover(host: Host, config: Config, progress, problems: list, seen: dict | None = None) -> list[dict]:
+    """Finish or undo what an interrupted operation left (its intent record), before acting anew. ``seen``
+    receives the snapshot it planned from ("snap"): when nothing was recovered it is still the host's state."""
     snap, support, steps = plan_now(host, config, rebuild=False)
+    if seen is not None:
+        seen["snap"] = snap
     todo = [s for s in steps if s.action in ("undo-intent", "finish-intent", "clear-intent", "drop-record",
                                              "reload-uvm") and (s.intent or s.path)]
     return st.execute(host, config, todo, snap, progress, problems) if todo else []
@@ -195,7 +198,7 @@ def _reconcile(host, config, progress, problems, kernels=None, rebuild=None, dry
     return doc
 
 
-def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) -> dict:
+def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, snap: dict | None = None) -> dict:
     """APT's DPkg::Pre-Install-Pkgs door: remove our override before dpkg unpacks a different NVIDIA
     driver for ITS kernel (decide/apt.assess, from the facts act/apt_facts.py reads out of the .debs): a
     package for a new kernel never touches another kernel's override. The removals go on when no record can
@@ -205,7 +208,7 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list) ->
     chg = apt_facts.gather(host, chg)
     for c in chg:
         c["effect"] = apt_plan.package_effect(c)
-    snap = observe.snapshot(host, config)
+    snap = snap if snap is not None else observe.snapshot(host, config)   # one snapshot per door run
     verdict = apt_plan.assess(snap, chg)
     steps = verdict["steps"]
     results = st.execute(host, config, steps, snap, progress, problems)
@@ -277,7 +280,8 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         if not changes:
             return {"ok": True, "changes": [], "steps": []}
     with locked(host, wait=lock_wait, progress=progress, purpose=op):
-        recovered = [] if op in ("reconcile",) else recover(host, config, progress, problems)
+        seen: dict = {}
+        recovered = [] if op in ("reconcile",) else recover(host, config, progress, problems, seen)
         if op == "build":
             doc = _build(host, config, progress, problems, **args)
         elif op == "install":
@@ -292,7 +296,9 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         elif op == "activate":
             doc = act_activate.activate(host, config, progress, **args)
         else:
-            doc = _apt_pre_install(host, config, changes, progress, problems)
+            # recovery planned from a snapshot; it is still the host's state unless recovery acted
+            doc = _apt_pre_install(host, config, changes, progress, problems,
+                                   snap=None if recovered else seen.get("snap"))
     if recovered:
         doc["recovered"] = recovered
     if problems:
