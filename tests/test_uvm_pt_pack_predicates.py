@@ -145,7 +145,7 @@ def run_matrix(branch: str, tmp: Path, pool: Path = REPO / "uvm_patch" / "src") 
     src = tmp / f"matrix_{branch}.c"
     src.write_text(program(branch))
     exe = tmp / f"matrix_{branch}"
-    cc = subprocess.run(["gcc", "-std=gnu11", "-Wall", "-Werror", "-Wno-unused-function", "-DNVIDIA_UVM_ENABLED",
+    cc = subprocess.run(["gcc", "-std=gnu11", "-Wall", "-Werror", "-Wno-unused-function", "-DUVM_PT_PACK_UVM_LOCKS",
                          "-DSHIM_PAGE_SHIFT=16", f"-I{SHIM}", f"-I{pool}", str(src), str(SHIM / "shim.c"),
                          str(pool / "uvm_pt_pack.c"), "-o", str(exe), "-lpthread"],
                         capture_output=True, text=True, timeout=300)

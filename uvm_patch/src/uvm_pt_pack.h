@@ -3,8 +3,8 @@
  * uvm_pt_pack: packing pool for nvidia-uvm GPU page tables kept in CPU memory.
  *
  * Part of spark-memsaver. This header and uvm_pt_pack.c are identical for every
- * NVIDIA driver branch. They use only Linux kernel APIs and, inside nvidia-uvm
- * (NVIDIA_UVM_ENABLED), UVM's lock type from uvm_lock.h. The per-branch hunks in
+ * NVIDIA driver branch. They use only Linux kernel APIs (and, where
+ * UVM_PT_PACK_UVM_LOCKS, UVM's lock type from uvm_lock.h). The per-branch hunks in
  * uvm_mmu.c / uvm_mmu.h adapt UVM's types to this interface.
  *
  * What it does: a GPU page table of 256 B or 4096 B normally costs one whole CPU
@@ -68,14 +68,19 @@
 #include <linux/spinlock.h>
 #include <linux/xarray.h>
 
-/* The pool lock: a UVM leaf spinlock (lock order UVM_LOCK_ORDER_LEAF). */
-#ifdef NVIDIA_UVM_ENABLED
+/*
+ * The pool lock: UVM's leaf spinlock (lock order UVM_LOCK_ORDER_LEAF) where
+ * UVM_PT_PACK_UVM_LOCKS (the upstream series, the userspace harness); a plain
+ * leaf spinlock in the DKMS build, so that the pool includes no UVM header and
+ * compiles wherever the kernel's own headers do.
+ */
+#ifdef UVM_PT_PACK_UVM_LOCKS
 #include "uvm_lock.h"
 #define UVM_PT_PACK_LOCK_T       uvm_spinlock_t
 #define uvm_pt_pack_lock_init(l) uvm_spin_lock_init((l), UVM_LOCK_ORDER_LEAF)
 #define uvm_pt_pack_lock(l)      uvm_spin_lock(l)
 #define uvm_pt_pack_unlock(l)    uvm_spin_unlock(l)
-#else  /* built outside nvidia-uvm (standalone selftests): a plain spinlock */
+#else  /* DKMS build, standalone selftests: a plain spinlock */
 #define UVM_PT_PACK_LOCK_T       spinlock_t
 #define uvm_pt_pack_lock_init(l) spin_lock_init(l)
 #define uvm_pt_pack_lock(l)      spin_lock(l)
