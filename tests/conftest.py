@@ -59,7 +59,15 @@ def pytest_configure(config):
     _redirect_product_python()
 
 
+def pytest_sessionstart(session):
+    needs.session_started()
+
+
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow") is not None:
+        spent = needs.slow_budget_spent()
+        if spent:
+            needs.beyond_ci("slow test", spent)
     for mark in item.iter_markers("needs"):
         needs.require(*mark.args)
     for mark in item.iter_markers("needs_modules"):

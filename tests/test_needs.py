@@ -108,3 +108,37 @@ def test_product_python_is_replaced_only_where_it_runs():
     assert product_argv(["grep", "-q", "/usr/bin/python3", "f"], v) == ["grep", "-q", "/usr/bin/python3", "f"]
     assert product_argv("/usr/bin/python3 -c x", v) == "/usr/bin/python3 -c x"
     assert product_argv(["/usr/bin/python3.11"], v) == ["/usr/bin/python3.11"]
+
+
+def test_slow_budget(monkeypatch):
+    monkeypatch.delenv(needs.SLOW_BUDGET_ENV, raising=False)
+    assert needs.slow_budget_spent(now=1e12) is None
+    monkeypatch.setenv(needs.SLOW_BUDGET_ENV, "60")
+    needs.session_started()
+    t0 = needs._STARTED
+    assert needs.slow_budget_spent(now=t0 + 59) is None
+    assert "60 s is the budget" in needs.slow_budget_spent(now=t0 + 61)
+    monkeypatch.setenv(needs.SLOW_BUDGET_ENV, "soon")
+    with pytest.raises(pytest.UsageError):
+        needs.slow_budget_spent()
+
+
+def test_slow_tests_past_the_budget_are_skipped_even_under_tools_test(tmp_path):
+    (tmp_path / "test_budget.py").write_text(textwrap.dedent("""
+        import pytest
+
+        def test_fast():
+            pass
+
+        @pytest.mark.slow
+        def test_slow():
+            pass
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
+    env[needs.STRICT_ENV] = "1"
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
+            "-o", "markers=slow", "--rootdir", str(tmp_path), str(tmp_path / "test_budget.py")]
+    for budget, expect in (("0", "1 passed, 1 skipped"), ("3600", "2 passed")):
+        env[needs.SLOW_BUDGET_ENV] = budget
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        assert expect in r.stdout, r.stdout

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -82,6 +83,34 @@ def not_applicable(why: str) -> None:
     """Skip, also under tools/test: this machine's nature makes the test meaningless or unsafe here (EFI
     firmware present: no real MOK request may be queued; a kernel without THP); ``why`` says which."""
     pytest.skip(why)
+
+
+SLOW_BUDGET_ENV = "SPARK_MEMSAVER_TEST_SLOW_BUDGET_S"
+_STARTED = time.monotonic()
+
+
+def session_started() -> None:
+    """The run's clock starts now (tests/conftest.py calls it at session start)."""
+    global _STARTED
+    _STARTED = time.monotonic()
+
+
+def slow_budget_spent(now: float | None = None) -> str | None:
+    """Why a ``slow`` test must not start: ``$SPARK_MEMSAVER_TEST_SLOW_BUDGET_S`` (set by .ci/run: CI has a
+    wall-clock limit the whole run must stay under) seconds have passed since the session started. None when
+    no budget is set or it is not spent. A bad value is a usage error, not "no budget"."""
+    raw = os.environ.get(SLOW_BUDGET_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        budget = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{SLOW_BUDGET_ENV}={raw!r} is not a number of seconds") from None
+    spent = (time.monotonic() if now is None else now) - _STARTED
+    if spent < budget:
+        return None
+    return (f"not started: {spent:.0f} s of this run have passed and {SLOW_BUDGET_ENV}={budget:.0f} s is the "
+            f"budget for starting slow tests (CI's wall-clock limit); run it alone with tools/test -m slow")
 
 
 def root(why: str) -> None:
