@@ -67,7 +67,7 @@ NV_ERR_INVALID_STATE = "0x40"
 FAILED = re.compile(r"nvidia-uvm: uvm_\w+\.c:\d+ (\w+)\[pid:\d+\] (Test check failed.*)$", re.M)
 #: NVIDIA's built-in tests that need no GPU, as tests/kernel/pagetree/pt_run.c names them ("gpu_free")
 GPU_FREE = ("rng", "range_tree", "range_tree_random", "rb_tree", "rb_tree_random", "lock", "kvmalloc",
-            "perf_utils", "range_allocator", "kthread_q", "thread_context", "mem", "cpu_chunk")
+            "perf_utils", "range_allocator", "kthread_q", "thread_context", "mem", "cpu_chunk", "perf_events")
 
 
 def _opted_in() -> bool:
@@ -141,8 +141,12 @@ def test_page_tree_passes_in_every_tier(vm):
     assert "NVIDIA-LOAD rc=0" in log and "NVIDIA-UNLOAD rc=0" in log, log[-4000:]
     # the RM calls of a whole run: session and callbacks only, no stubbed entry point
     called = re.findall(r"standin-rm: (nvUvmInterface\w+) -> (\S+)", log)
-    assert called == [("nvUvmInterfaceSessionCreate", "NV_OK"), ("nvUvmInterfaceRegisterUvmCallbacks", "NV_OK"),
-                      ("nvUvmInterfaceDeRegisterUvmOps", "void"), ("nvUvmInterfaceSessionDestroy", "NV_OK")], called
+    # 590 and later register events with RegisterUvmEvents/DeRegisterUvmEvents, earlier ones with
+    # RegisterUvmCallbacks/DeRegisterUvmOps (tests/kernel/standin-rm/gen_stubs.py)
+    reg, dereg = (("RegisterUvmEvents", "DeRegisterUvmEvents") if int(built.version.split(".")[0]) >= 590
+                  else ("RegisterUvmCallbacks", "DeRegisterUvmOps"))
+    assert sorted(called) == sorted([("nvUvmInterfaceSessionCreate", "NV_OK"), (f"nvUvmInterface{reg}", "NV_OK"),
+                                     (f"nvUvmInterface{dereg}", "void"), ("nvUvmInterfaceSessionDestroy", "NV_OK")]), called
     if k.page_size == 65536:
         assert "KMEMLEAK-BEGIN" in log, "the debug kernel has no kmemleak: " + log[-2000:]
     for t in TIERS:

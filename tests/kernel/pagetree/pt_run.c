@@ -6,7 +6,7 @@
  *
  *   pt_run [TEST...]      TEST: page_tree (default) | gpu_free (every test below) | one of them:
  *                         rng range_tree range_tree_random rb_tree rb_tree_random lock kvmalloc perf_utils
- *                         range_allocator kthread_q thread_context mem cpu_chunk
+ *                         range_allocator kthread_q thread_context mem cpu_chunk perf_events
  *
  * The GPU-free ones are NVIDIA's built-in tests that do real work without a registered GPU (the list and why
  * each other test is not run: docs/kernel-tests.md). Parameters of the random tests: fixed seeds, sizes small
@@ -46,7 +46,7 @@ static int report(const char *step, int rc, NV_STATUS st)
 
 static const char *const gpu_free[] = {
     "rng", "range_tree", "range_tree_random", "rb_tree", "rb_tree_random", "lock", "kvmalloc", "perf_utils",
-    "range_allocator", "kthread_q", "thread_context", "mem", "cpu_chunk", NULL,
+    "range_allocator", "kthread_q", "thread_context", "mem", "cpu_chunk", "perf_events", NULL,
 };
 
 static int run_one(int fd, const char *t)
@@ -87,6 +87,8 @@ static int run_one(int fd, const char *t)
         RUN(fd, t, UVM_TEST_MEM_SANITY, UVM_TEST_MEM_SANITY_PARAMS);
     else if (!strcmp(t, "cpu_chunk"))
         RUN(fd, t, UVM_TEST_CPU_CHUNK_API, UVM_TEST_CPU_CHUNK_API_PARAMS);
+    else if (!strcmp(t, "perf_events"))
+        RUN(fd, t, UVM_TEST_PERF_EVENTS_SANITY, UVM_TEST_PERF_EVENTS_SANITY_PARAMS);
     else {
         printf("PT-RUN step=%s unknown\n", t);
         ok = 0;

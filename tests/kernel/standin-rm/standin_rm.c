@@ -8,8 +8,35 @@
  */
 #include "standin_rm.h"
 
-static struct UvmOpsUvmEvents *standin_uvm_ops;
+#include "standin_api.h"   /* written by gen_stubs.py from this tree's header: STANDIN_RM_EVENTS_API */
+
 static int standin_session;   /* its address is the session handle */
+
+#if STANDIN_RM_EVENTS_API
+/* 590 and later: nvUvmInterfaceRegisterUvmEvents / DeRegisterUvmEvents (struct UvmEventsLinux) */
+static struct UvmEventsLinux *standin_uvm_events;
+
+NV_STATUS nvUvmInterfaceRegisterUvmEvents(struct UvmEventsLinux *importedEvents)
+{
+    STANDIN_RM_CALLED("nvUvmInterfaceRegisterUvmEvents", "NV_OK");
+    if (importedEvents == NULL)
+        return NV_ERR_INVALID_ARGUMENT;
+    if (standin_uvm_events != NULL)
+        return NV_ERR_IN_USE;
+    standin_uvm_events = importedEvents;
+    return NV_OK;
+}
+EXPORT_SYMBOL(nvUvmInterfaceRegisterUvmEvents);
+
+void nvUvmInterfaceDeRegisterUvmEvents(void)
+{
+    STANDIN_RM_CALLED("nvUvmInterfaceDeRegisterUvmEvents", "void");
+    standin_uvm_events = NULL;
+}
+EXPORT_SYMBOL(nvUvmInterfaceDeRegisterUvmEvents);
+#else
+/* up to 580: nvUvmInterfaceRegisterUvmCallbacks / DeRegisterUvmOps (struct UvmOpsUvmEvents) */
+static struct UvmOpsUvmEvents *standin_uvm_ops;
 
 NV_STATUS nvUvmInterfaceRegisterUvmCallbacks(struct UvmOpsUvmEvents *importedUvmOps)
 {
@@ -30,6 +57,8 @@ void nvUvmInterfaceDeRegisterUvmOps(void)
 }
 EXPORT_SYMBOL(nvUvmInterfaceDeRegisterUvmOps);
 
+#endif
+
 NV_STATUS nvUvmInterfaceSessionCreate(uvmGpuSessionHandle *session, UvmPlatformInfo *platformInfo)
 {
     STANDIN_RM_CALLED("nvUvmInterfaceSessionCreate", "NV_OK");
@@ -48,11 +77,13 @@ NV_STATUS nvUvmInterfaceSessionDestroy(uvmGpuSessionHandle session)
 }
 EXPORT_SYMBOL(nvUvmInterfaceSessionDestroy);
 
+#if STANDIN_RM_HAS_REPORT_FATAL_ERROR
 void nvUvmInterfaceReportFatalError(NV_STATUS error)
 {
     pr_err("standin-rm: nvUvmInterfaceReportFatalError(0x%x)\n", error);
 }
 EXPORT_SYMBOL(nvUvmInterfaceReportFatalError);
+#endif
 
 static int __init standin_rm_init(void)
 {
