@@ -79,3 +79,30 @@ def test_a_validated_active_node_says_so(roots, tmp_path):
     assert risk(doc) == "validated on this node (2026-12-01T10:00:00Z)" and next_step(doc) is None
     doc["config"]["tier"] = "256"
     assert "tier 256 is not validated on hardware" in risk(doc)
+
+
+@pytest.mark.parametrize("by", ["rollback", "remove"])
+def test_next_on_a_held_node_is_the_holds_resume(tmp_path, by):
+    """The administrator's hold (decide/hold.py) is the one thing between this node and packing: Next is the
+    held finding's resume command (sudo, via remedy.py) with who held it and since when, not 'install to build'
+    nor the rolled-back finding's prose."""
+    import json
+
+    from spark_memsaver.host import holds
+    root = sparkroot.make_spark_root(tmp_path / by)
+    if by == "rollback":
+        intents.write_rollback(Host(root), sparkroot.SPARK_KERNEL, "requested by the administrator",
+                               code="requested")
+        rec = holds.hold(Host(root), "rollback", sparkroot.SPARK_KERNEL, "requested by the administrator")
+    else:
+        rec = holds.hold(Host(root), "remove", None, "requested by the administrator")
+    rows = first(status(root))
+    assert "Hold" in rows
+    doc = json.loads(status(root, "--json"))
+    held = [f for f in doc["findings"] if f["code"] == "held"]
+    assert len(held) == 1 and held[0]["remedy"] == "sudo spark-memsaver install"
+    what = "rollback" if by == "rollback" else "remove --all"
+    assert rows["Next"] == (f"Run 'sudo spark-memsaver install' to resume packing (held since {rec['since']}, "
+                            f"by {what})."), rows
+    from spark_memsaver.report.summary import next_step
+    assert next_step(doc) == rows["Next"]

@@ -29,9 +29,14 @@ def resume_command(hold: dict, kernel: str | None, running: str | None = None) -
     return "sudo spark-memsaver install"
 
 
-def describe(hold: dict, kernel: str | None, running: str | None = None) -> str:
-    """'held since 2026-12-02T10:00:00Z, by rollback; `sudo spark-memsaver install` resumes'."""
+def origin(hold: dict) -> str:
+    """'held since 2026-12-02T10:00:00Z, by rollback'."""
     what = hold.get("by") or "the administrator"
     if hold.get("kernel") is None and not hold.get("unreadable"):
         what += " --all" if what == "remove" else " of every kernel"
-    return f"held since {hold.get('since') or '?'}, by {what}; `{resume_command(hold, kernel, running)}` resumes"
+    return f"held since {hold.get('since') or '?'}, by {what}"
+
+
+def describe(hold: dict, kernel: str | None, running: str | None = None) -> str:
+    """'held since 2026-12-02T10:00:00Z, by rollback; `sudo spark-memsaver install` resumes'."""
+    return f"{origin(hold)}; `{resume_command(hold, kernel, running)}` resumes"

@@ -69,10 +69,29 @@ def risk(doc: dict) -> str | None:
 _SEVERITY = {"error": 0, "warning": 1, "info": 2}
 
 
+def _held_step(doc: dict, findings: list) -> str | None:
+    """On a node the administrator held (rollback/remove; decide/hold.py): the hold's resume command, the
+    remedy of the ``held`` finding, with who held it and since when. Automation never reverses the hold, so
+    nothing else on the node moves until the administrator does this."""
+    held = next((f for f in findings if f.get("code") == "held" and (f.get("remedy") or "").strip()), None)
+    if held is None:
+        return None
+    from spark_memsaver import remedy as rm
+    from spark_memsaver.decide import hold as holds
+    hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
+    why = f" ({holds.origin(hold)})" if hold else ""
+    return f"{rm.run(held['remedy'].strip())} to resume packing{why}."
+
+
 def next_step(doc: dict) -> str | None:
-    """The one next step: the remedy of the most severe finding that asks for something, else validation of an
-    active node that was never validated, else nothing."""
+    """The one next step: the remedy of the most severe finding that asks for something (an error first, then
+    the administrator's hold: its resume command), else validation of an active node that was never validated,
+    else nothing."""
     findings = sorted(doc.get("findings") or [], key=lambda f: _SEVERITY.get(f.get("severity"), 3))
+    if not any(f.get("severity") == "error" for f in findings):
+        step = _held_step(doc, findings)
+        if step:
+            return step
     for f in findings:
         remedy = (f.get("remedy") or "").strip()
         if not remedy or remedy.lower().startswith("nothing to do"):
