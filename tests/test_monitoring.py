@@ -190,13 +190,16 @@ SCENARIOS = {
     "noapp-ok":     {"state": "not-applicable", "page_size": 65536},
     "mokwait":      {"state": "built", "sb": "pending-enroll", "mok_since": 600},
     "stale":        {"stale": True},
+    "stock64k":     {"state": "stock"},
+    "heldremove-ok": {"state": "stock", "held": "remove"},        # the administrator's `remove --all`
+    "heldrollback-ok": {"state": "stock", "held": "rollback"},    # `rollback`, no failure on record
 }
 #: alert -> [(eval time, instances expected firing)]
 EXPECT = {
     "SparkMemsaverRolledBack": [("4m", []), ("10m", ["rolledback"])],
     "SparkMemsaverNeedsAttention": [("4m", []), ("10m", ["attention"])],
-    "SparkMemsaverPackingInactive": [("50m", []), ("70m", ["inactive64k", "mokwait"]),
-                                     ("25h", ["inactive64k", "mokwait"])],
+    "SparkMemsaverPackingInactive": [("50m", []), ("70m", ["inactive64k", "mokwait", "stock64k"]),
+                                     ("25h", ["inactive64k", "mokwait", "stock64k"])],
     "SparkMemsaverMokPendingTooLong": [("23h", []), ("24h20m", ["mokwait"])],
     "SparkMemsaverMetricsStale": [("14m", []), ("25m", ["stale"])],
 }
@@ -220,6 +223,9 @@ def _series_for(instance: str, o: dict) -> list[dict]:
           (f"spark_memsaver_saved_bytes{{{lab}}}", const(3380000000 if state == "active" else 0)),
           (f"spark_memsaver_page_size_bytes{{{base}}}", const(o.get("page_size", 65536))),
           (f"spark_memsaver_mok_pending_since_seconds{{{base}}}", const(o.get("mok_since", 0))),
+          *((f'spark_memsaver_held{{{base},by="{by}"}}', const(int(o.get("held") == by)))
+            for by in ("rollback", "remove")),
+          (f"spark_memsaver_held_since_seconds{{{base}}}", const(600 if o.get("held") else 0)),
           (f"spark_memsaver_last_sample_timestamp_seconds{{{base}}}",
            const(0) if o.get("stale") else f"0+60x{n}")]
     return [{"series": k, "values": v} for k, v in s]
