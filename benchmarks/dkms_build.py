@@ -3,7 +3,7 @@
 
     sudo PYTHONPATH=daemon /usr/bin/python3 benchmarks/dkms_build.py [--runs N] [--kernel K] [--jobs J]
 
-ours : ``spark_memsaver.act.dkms.build(..., force=True)`` wall time = everything a user waits for
+ours : ``spark_memsaver.act.build.build(..., force=True)`` wall time = everything a user waits for
        (preflight incl. the patch dry run, render, dkms build of nvidia-uvm + conftest stub, signing,
        verification against the installed nvidia.ko).
 stock: ``dkms build`` wall time of Debian's own ``nvidia-current-open`` DKMS package for the same NVIDIA
@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "daemon"))
 sys.path.insert(0, str(REPO))
 
-from spark_memsaver.act import dkms  # noqa: E402
+from spark_memsaver.act import build, dkms_run, override  # noqa: E402
+from spark_memsaver.observe import dkms as odkms  # noqa: E402
 from spark_memsaver.config import Config  # noqa: E402
 from spark_memsaver.host import Host  # noqa: E402
 from tests.support import nvsrc, stockdriver  # noqa: E402
@@ -70,7 +71,7 @@ def stock_build(kernel: str, jobs: str) -> tuple[float, float]:
     if Path(f"/var/lib/dkms/{STOCK_PKG}/{DRIVER}/{kernel}").exists():
         sh("dkms", "unbuild", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel)
     t0, c0 = time.monotonic(), _cpu()
-    sh("nice", "-n", dkms.NICE, "dkms", "build", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel, "-j", jobs)
+    sh("nice", "-n", dkms_run.NICE, "dkms", "build", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel, "-j", jobs)
     return time.monotonic() - t0, _cpu() - c0
 
 
@@ -97,7 +98,7 @@ def concurrent_pair(host: Host, kernel: str, jobs: str, after_pid: int) -> tuple
     if Path(f"/var/lib/dkms/{STOCK_PKG}/{DRIVER}/{kernel}").exists():
         sh("dkms", "unbuild", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel)
     ts = time.monotonic()
-    ps = _spawn(["nice", "-n", dkms.NICE, "dkms", "build", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel, "-j", jobs])
+    ps = _spawn(["nice", "-n", dkms_run.NICE, "dkms", "build", "-m", STOCK_PKG, "-v", DRIVER, "-k", kernel, "-j", jobs])
     print(f"stock build started (load avg {os.getloadavg()[0]:.1f})", flush=True)
     while after_pid and Path(f"/proc/{after_pid}").exists():
         time.sleep(5)
@@ -139,7 +140,7 @@ def ours_build(host: Host, cfg: Config, kernel: str, after_pid: int = 0) -> tupl
         stockdriver.install_stock(DRIVER, kernel)   # our build needs the installed nvidia.ko
         INSTALLED_STOCK.append(kernel)
     t0, c0 = time.monotonic(), _cpu()
-    dkms.build(host, cfg, kernel=kernel, force=True)
+    build.build(host, cfg, kernel=kernel, force=True)
     return time.monotonic() - t0, _cpu() - c0
 
 
@@ -184,8 +185,8 @@ def main() -> int:
                       f"(load avg at start {load:.1f})", flush=True)
     finally:
         stock_cleanup(kernel)
-        if dkms.registered_versions(host):
-            dkms.remove(host, cfg, all_kernels=True)
+        if odkms.registered_versions(host):
+            override.remove(host, cfg, all_kernels=True)
         if not had_stock or INSTALLED_STOCK:
             stockdriver.uninstall_stock(DRIVER, kernel)
     mw, ms = statistics.median(w for w, _ in ours), statistics.median(w for w, _ in stock)

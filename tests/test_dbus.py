@@ -277,7 +277,7 @@ def test_counter_change_is_published_with_propertieschanged_and_job_signals(daem
 
 def test_a_named_error_from_an_operation_travels_through_the_job_and_the_password_stays_secret(daemon, bus,
                                                                                                 tmp_path):
-    # The real mok.request_enrollment on the fixture root: Secure Boot is off there, so it refuses with its
+    # The real enroll.request_enrollment on the fixture root: Secure Boot is off there, so it refuses with its
     # own named error before touching anything (and it never writes EFI variables under --root).
     daemon.wait_idle()
     mon = Monitor(bus, tmp_path)
@@ -726,12 +726,12 @@ def test_unsupported_when_an_operation_module_is_absent(monkeypatch):
     assert ops.run("build", "H", "C", "P", kernel="k") == {"ok": True}
     assert calls == [("build", "H", "C", "P", {"kernel": "k"})]
 
-    def no_progress(host, config, password, wait_at_console=False):   # mok.request_enrollment's shape
+    def no_progress(host, config, password, wait_at_console=False):   # enroll.request_enrollment's shape
         return password == "pw"
-    mok = types.ModuleType("spark_memsaver.act.mok")
-    mok.request_enrollment = no_progress
-    monkeypatch.setitem(sys.modules, "spark_memsaver.act.mok", mok)
-    monkeypatch.setattr(act_pkg, "mok", mok, raising=False)
+    enroll = types.ModuleType("spark_memsaver.act.enroll")
+    enroll.request_enrollment = no_progress
+    monkeypatch.setitem(sys.modules, "spark_memsaver.act.enroll", enroll)
+    monkeypatch.setattr(act_pkg, "enroll", enroll, raising=False)
     assert ops.run("request-enrollment", "H", "C", "P", password="pw") is True
 
 

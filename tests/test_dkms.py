@@ -21,13 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver.act import dkms
+from spark_memsaver.act import build as dbuild
+from spark_memsaver.act import dkms_errors as de
+from spark_memsaver.act import dkms_run
 from spark_memsaver.act import override
+from spark_memsaver.act import render
 from spark_memsaver.act import signing
 from spark_memsaver.act import patch as uvm_patch
 from spark_memsaver.config import Config
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import Host
+from spark_memsaver.observe import dkms as odkms
 from tests.support import needs, nvsrc, stockdriver
 
 pytestmark = pytest.mark.dkms
@@ -52,8 +56,8 @@ def selected_path(kernel, name="nvidia-uvm"):
 
 def nothing_of_ours(kernel, stock):
     """No registration, no /usr/src tree, the stock module selected."""
-    assert not list(Path("/var/lib/dkms").glob(f"{dkms.PACKAGE}/*")), "a DKMS registration was left"
-    assert not list(Path("/usr/src").glob(f"{dkms.PACKAGE}-*")), "our /usr/src tree was left"
+    assert not list(Path("/var/lib/dkms").glob(f"{odkms.PACKAGE}/*")), "a DKMS registration was left"
+    assert not list(Path("/usr/src").glob(f"{odkms.PACKAGE}-*")), "our /usr/src tree was left"
     assert selected_path(kernel) == stock["nvidia_uvm"]
     assert not Path(f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko").exists()
 
@@ -70,27 +74,27 @@ def host_env():
     # Leftovers of an interrupted earlier run would make every assertion below meaningless.
     # SPARK_MEMSAVER_TEST_REUSE_BUILD=1 (by hand, with -k selecting the install/remove tests only) keeps an
     # existing verified build of the same rendered tree instead, to skip a rebuild on a slow machine.
-    if list(Path("/var/lib/dkms").glob(f"{dkms.PACKAGE}/*")) and not os.environ.get("SPARK_MEMSAVER_TEST_REUSE_BUILD"):
-        dkms.remove(host, CFG, all_kernels=True)
-    before = {p: Path(p).exists() for p in (dkms.FORCE_FILE, dkms.DEPMOD_FILE, signing.DKMS_KEY, signing.DKMS_CERT,
+    if list(Path("/var/lib/dkms").glob(f"{odkms.PACKAGE}/*")) and not os.environ.get("SPARK_MEMSAVER_TEST_REUSE_BUILD"):
+        override.remove(host, CFG, all_kernels=True)
+    before = {p: Path(p).exists() for p in (odkms.FORCE_FILE, odkms.DEPMOD_FILE, signing.DKMS_KEY, signing.DKMS_CERT,
                                              signing.RECORD, signing.SIGNED_LOG, signing.DROPIN)}
     stock = stockdriver.install_stock(DRIVER, kernel)
-    stock["nvidia_uvm_sha256"] = dkms.sha256(stock["nvidia_uvm"])
+    stock["nvidia_uvm_sha256"] = dkms_run.sha256(stock["nvidia_uvm"])
     try:
         yield host, kernel, stock
     finally:
         try:
-            if list(Path("/var/lib/dkms").glob(f"{dkms.PACKAGE}/*")):
-                dkms.remove(host, CFG, all_kernels=True)
+            if list(Path("/var/lib/dkms").glob(f"{odkms.PACKAGE}/*")):
+                override.remove(host, CFG, all_kernels=True)
         finally:
             _remove_dummy(kernel)
             stockdriver.uninstall_stock(DRIVER, kernel)
             for p, existed in before.items():
                 if not existed:
                     Path(p).unlink(missing_ok=True)
-            for log in Path(dkms.LOG_DIR).glob(f"dkms-build-*-{kernel}.log"):
+            for log in Path(dkms_run.LOG_DIR).glob(f"dkms-build-*-{kernel}.log"):
                 log.unlink()
-            shutil.rmtree(dkms.STATE_DIR, ignore_errors=True)
+            shutil.rmtree(dkms_run.STATE_DIR, ignore_errors=True)
             sh("depmod", "-a", kernel)
 
 
@@ -98,14 +102,14 @@ def host_env():
 def built(host_env):
     host, kernel, stock = host_env
     seen = []
-    res = dkms.build(host, CFG, kernel=kernel, progress=lambda f, m: seen.append((f, m)))
+    res = dbuild.build(host, CFG, kernel=kernel, progress=lambda f, m: seen.append((f, m)))
     return res, seen
 
 
 @pytest.fixture(scope="module")
 def installed(host_env, built):
     host, kernel, stock = host_env
-    return dkms.install(host, CFG, kernel=kernel)
+    return override.install(host, CFG, kernel=kernel)
 
 
 def _remove_dummy(kernel):
@@ -171,10 +175,10 @@ def dkms_release(suite: str = "trixie") -> Path:
 # Pure parts (no root needed for these, but they live with the DKMS tests)
 
 def test_version_string_roundtrip_and_order():
-    v = dkms.dkms_version_string("550.163.01", "0.1.0")
+    v = odkms.dkms_version_string("550.163.01", "0.1.0")
     assert v == "550.163.01-sm0.1.0"
-    assert dkms.parse_dkms_version(v) == ("550.163.01", "0.1.0")
-    assert dkms.parse_dkms_version("nvidia-550") is None
+    assert odkms.parse_dkms_version(v) == ("550.163.01", "0.1.0")
+    assert odkms.parse_dkms_version("nvidia-550") is None
     vs = ["555.58.02-sm0.1.0", "550.163.01-sm0.10.0", "550.163.01-sm0.9.0", "580.142-sm0.1.0"]
     out = sh("sort", "-V", input="\n".join(vs) + "\n").stdout.split()
     assert out == ["550.163.01-sm0.9.0", "550.163.01-sm0.10.0", "555.58.02-sm0.1.0", "580.142-sm0.1.0"]
@@ -182,11 +186,11 @@ def test_version_string_roundtrip_and_order():
 
 def test_exit_code_table_names_every_documented_code():
     for code in (1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 13, 21, 77, 101):
-        cls, meaning = dkms.DKMS_EXIT_ERRORS[code]
+        cls, meaning = de.DKMS_EXIT_ERRORS[code]
         assert issubclass(cls, MemsaverError) and cls.remedy and meaning
-    assert dkms.DKMS_EXIT_ERRORS[77][0] is dkms.BuildSkipped
-    assert dkms.DKMS_EXIT_ERRORS[10][0] is dkms.BuildFailed
-    assert dkms.DKMS_EXIT_ERRORS[101][0] is dkms.PreInstallRefused
+    assert de.DKMS_EXIT_ERRORS[77][0] is de.BuildSkipped
+    assert de.DKMS_EXIT_ERRORS[10][0] is de.BuildFailed
+    assert de.DKMS_EXIT_ERRORS[101][0] is de.PreInstallRefused
 
 
 @pytest.mark.parametrize("tier, value", [(None, 3), ("leaf", 3), ("4k-all", 1), ("4k", 1), ("256", 2)])
@@ -195,7 +199,7 @@ def test_render_passes_the_policy_tier_value(tmp_path, tier, value):
     not 0.1.0's 1: a build record saying 'leaf' beside a module packing 4k-all was the bug)."""
     (tmp_path / "usr/src").mkdir(parents=True)
     cfg = Config() if tier is None else Config(tier=tier)
-    r = dkms.render(Host(tmp_path), cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
+    r = render.render(Host(tmp_path), cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
     root = tmp_path / r["path"].lstrip("/")
     meta = json.loads((root / "spark-memsaver.json").read_text())
     assert meta["tier_default"] == value
@@ -209,7 +213,7 @@ def test_render_into_fixture_root(tmp_path, policy):
     (tmp_path / "usr/src").mkdir(parents=True)
     host = Host(tmp_path)
     cfg = Config(kernels=policy, tier="256")
-    r = dkms.render(host, cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
+    r = render.render(host, cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
     root = tmp_path / r["path"].lstrip("/")
     assert r["changed"] and root.is_dir()
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
@@ -232,15 +236,15 @@ def test_render_into_fixture_root(tmp_path, policy):
     assert sh("bash", "-n", root / "spark-memsaver-build").returncode == 0
     assert sh("bash", "-n", root / "dkms.conf").returncode == 0
     assert sh("python3", "-m", "py_compile", root / "spark-memsaver-kotool").returncode == 0
-    again = dkms.render(host, cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
+    again = render.render(host, cfg, "550.163.01", "/usr/src/nvidia-550.163.01")
     assert again["changed"] is False
 
 
 def test_policy_64k_only_refuses_x86_headers():
     kernel, _ = nvsrc.x86_headers()
-    with pytest.raises(dkms.KernelOutsidePolicy):
-        dkms.policy_check(Host("/"), Config(kernels="64k-only"), kernel)
-    dkms.policy_check(Host("/"), Config(kernels="all"), kernel)
+    with pytest.raises(de.KernelOutsidePolicy):
+        dkms_run.policy_check(Host("/"), Config(kernels="64k-only"), kernel)
+    dkms_run.policy_check(Host("/"), Config(kernels="all"), kernel)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -256,7 +260,7 @@ def test_refuses_driver_without_patch(host_env, tmp_path, monkeypatch):
     (data / "manifest.yaml").write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("SPARK_MEMSAVER_UVM_PATCH_DIR", str(data))
     with pytest.raises(uvm_patch.UnknownDriverVersion):
-        dkms.build(host, CFG, kernel=kernel)
+        dbuild.build(host, CFG, kernel=kernel)
     nothing_of_ours(kernel, stock)
 
 
@@ -282,7 +286,7 @@ def test_refuses_patch_that_does_not_apply(host_env):
     target.write_text("".join(lines))
     try:
         with pytest.raises(uvm_patch.PatchDoesNotApply):
-            dkms.build(host, CFG, kernel=kernel)
+            dbuild.build(host, CFG, kernel=kernel)
     finally:
         target.write_bytes(orig)
     nothing_of_ours(kernel, stock)
@@ -299,10 +303,10 @@ def test_refuses_missing_headers(host_env):
             shutil.copy2(Path(stock["module_dir"]) / n, mdir / "kernel/nvidia-550-open" / n)
         sh("depmod", "-a", fake, check=True)
         assert selected_path(fake, "nvidia")  # a driver is there; only the headers are missing
-        with pytest.raises(dkms.HeadersMissing):
-            dkms.build(host, CFG, kernel=fake)
-        with pytest.raises(dkms.HeadersMissing):
-            dkms.install(host, CFG, kernel=fake)
+        with pytest.raises(de.HeadersMissing):
+            dbuild.build(host, CFG, kernel=fake)
+        with pytest.raises(de.HeadersMissing):
+            override.install(host, CFG, kernel=fake)
     finally:
         shutil.rmtree(mdir, ignore_errors=True)
     nothing_of_ours(kernel, stock)
@@ -322,8 +326,8 @@ def test_refuses_corrupted_nvidia_source(host_env, damage):
             (src / "nvidia/nvidia.Kbuild").unlink()
         else:
             shutil.rmtree(src / "nvidia-uvm")
-        with pytest.raises(dkms.DriverSourceCorrupt):
-            dkms.build(host, CFG, kernel=kernel)
+        with pytest.raises(de.DriverSourceCorrupt):
+            dbuild.build(host, CFG, kernel=kernel)
     finally:
         shutil.rmtree(src)
         os.rename(backup, src)
@@ -332,8 +336,8 @@ def test_refuses_corrupted_nvidia_source(host_env, damage):
 
 def test_refuses_driver_version_mismatch(host_env):
     host, kernel, stock = host_env
-    with pytest.raises(dkms.DriverMismatch):
-        dkms.build(host, CFG, kernel=kernel, driver_version="555.58.02")
+    with pytest.raises(de.DriverMismatch):
+        dbuild.build(host, CFG, kernel=kernel, driver_version="555.58.02")
     nothing_of_ours(kernel, stock)
 
 
@@ -343,11 +347,11 @@ def test_refuses_driver_version_mismatch(host_env):
 def test_build_registers_and_builds(host_env, built):
     host, kernel, stock = host_env
     res, seen = built
-    ver = dkms.dkms_version_string(DRIVER)
+    ver = odkms.dkms_version_string(DRIVER)
     assert res["status"] == "built" and res["dkms_version"] == ver and res["driver"] == DRIVER
-    assert Path(res["module"]).is_file() and f"/var/lib/dkms/{dkms.PACKAGE}/{ver}/{kernel}/" in res["module"]
-    st = sh("dkms", "status", "-m", dkms.PACKAGE, check=True).stdout
-    assert re.search(rf"{dkms.PACKAGE}/{re.escape(ver)}, {re.escape(kernel)}, \S+: built", st), st
+    assert Path(res["module"]).is_file() and f"/var/lib/dkms/{odkms.PACKAGE}/{ver}/{kernel}/" in res["module"]
+    st = sh("dkms", "status", "-m", odkms.PACKAGE, check=True).stdout
+    assert re.search(rf"{odkms.PACKAGE}/{re.escape(ver)}, {re.escape(kernel)}, \S+: built", st), st
     # progress: monotonic enough to draw a bar, reached the end, and saw the compile phase
     fr = [f for f, _ in seen]
     assert fr[-1] == 1.0 and max(fr[:-1]) < 1.0
@@ -364,7 +368,7 @@ def test_registered_tree_holds_only_our_files(host_env, built):
     assert not [p for p in root.rglob("*") if p.is_symlink()]
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     assert size < 2_000_000, size  # no NVIDIA source in it
-    assert os.readlink(f"/var/lib/dkms/{dkms.PACKAGE}/{res['dkms_version']}/source") == str(root)
+    assert os.readlink(f"/var/lib/dkms/{odkms.PACKAGE}/{res['dkms_version']}/source") == str(root)
 
 
 def test_built_module_is_patched_versioned_and_signed(host_env, built):
@@ -420,7 +424,7 @@ def test_symbol_crcs_equal_the_installed_nvidia_ko(host_env, built):
     assert len(uvm) >= 70, len(uvm)
     assert {s: nv.get(s) for s in uvm} == uvm
     # and our generator agrees with the independent reading, line for line
-    gen = dkms.kotool().symvers_lines(stock["nvidia"])
+    gen = dkms_run.kotool().symvers_lines(stock["nvidia"])
     assert {l.split("\t")[1]: int(l.split("\t")[0], 16) for l in gen} == nv
 
 
@@ -430,18 +434,18 @@ def test_install_refusal_by_dkms_is_detected(host_env, built, monkeypatch):
     installed."""
     host, kernel, stock = host_env
     monkeypatch.setattr(override, "ensure_host_files", lambda h: [])  # install lives in act/override.py
-    force = Path(dkms.FORCE_FILE)
+    force = Path(odkms.FORCE_FILE)
     saved = force.read_text() if force.exists() else None
     force.unlink(missing_ok=True)
     try:
-        with pytest.raises(dkms.InstallRefused):
-            dkms.install(host, CFG, kernel=kernel)
+        with pytest.raises(de.InstallRefused):
+            override.install(host, CFG, kernel=kernel)
     finally:
         if saved is not None:
             force.write_text(saved)
     assert selected_path(kernel) == stock["nvidia_uvm"]
-    assert dkms.installed_version(host, kernel) is None
-    assert dkms.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
+    assert odkms.installed_version(host, kernel) is None
+    assert dkms_run.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
 
 
 def test_pre_install_guard_refuses_a_mismatched_build(host_env, built):
@@ -449,20 +453,20 @@ def test_pre_install_guard_refuses_a_mismatched_build(host_env, built):
     nvidia.ko it would load beside makes dkms exit 101 and installs nothing."""
     host, kernel, stock = host_env
     res, _ = built
-    dkms.ensure_host_files(host)
+    dkms_run.ensure_host_files(host)
     meta_p = Path(res["source"]) / "spark-memsaver.json"
     orig = meta_p.read_text()
     meta = json.loads(orig)
     meta["driver_version"] = "550.163.02"
     meta_p.write_text(json.dumps(meta))
     try:
-        p = sh("dkms", "install", "-m", dkms.PACKAGE, "-v", res["dkms_version"], "-k", kernel)
+        p = sh("dkms", "install", "-m", odkms.PACKAGE, "-v", res["dkms_version"], "-k", kernel)
     finally:
         meta_p.write_text(orig)
     assert p.returncode == 101, p.stdout + p.stderr
     assert "module version is '550.163.01', expected the driver version 550.163.02" in p.stdout + p.stderr
     assert selected_path(kernel) == stock["nvidia_uvm"]
-    assert dkms.installed_version(host, kernel) is None
+    assert odkms.installed_version(host, kernel) is None
 
 
 def test_install_selects_the_verified_override(host_env, installed):
@@ -470,20 +474,20 @@ def test_install_selects_the_verified_override(host_env, installed):
     r = installed["installed"][0]
     want = f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko"
     assert selected_path(kernel) == want == r["selected"]
-    v = dkms.verify_installed(host, kernel)
+    v = override.verify_installed(host, kernel)
     assert v["ok"], v["problems"]
     assert v["matches_dkms_copy"] and v["facts"]["nvidia_symbols"] >= 70
     deps = sh("modprobe", "-S", kernel, "--show-depends", "nvidia_uvm", check=True).stdout.split("\n")
     assert deps[0].endswith(stock["nvidia"] + " ") or stock["nvidia"] in deps[0]
     assert want in deps[1]
     # the stock file is untouched where the driver package put it
-    assert dkms.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
+    assert dkms_run.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
     assert r["stock"]["stock_path"] == stock["nvidia_uvm"]
 
 
 def test_install_again_is_idempotent(host_env, installed):
     host, kernel, stock = host_env
-    again = dkms.install(host, CFG, kernel=kernel)
+    again = override.install(host, CFG, kernel=kernel)
     assert again["installed"][0]["build"] == "already-built"
     assert selected_path(kernel) == f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko"
 
@@ -496,18 +500,18 @@ def test_dkms_3_2_install_moves_stock_into_original_module(host_env, installed, 
     host, kernel, stock = host_env
     exe = dkms_release("trixie")
     ver = installed["installed"][0]["dkms_version"]
-    dkms._uninstall_kernel(host, ver, kernel)   # back to stock, build kept
+    dkms_run._uninstall_kernel(host, ver, kernel)   # back to stock, build kept
     assert selected_path(kernel) == stock["nvidia_uvm"]
     monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(exe))
-    assert dkms.dkms_version(host).startswith("3.2")
-    r = dkms.install(host, CFG, kernel=kernel)["installed"][0]
+    assert dkms_run.dkms_version(host).startswith("3.2")
+    r = override.install(host, CFG, kernel=kernel)["installed"][0]
     assert r["build"] == "already-built"
     assert selected_path(kernel) == f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko"
     assert not Path(stock["nvidia_uvm"]).exists(), "DKMS 3.2 should have moved the stock file away"
-    archived = [p for p in Path(f"/var/lib/dkms/{dkms.PACKAGE}/original_module/{kernel}").rglob("nvidia-uvm.ko*")
+    archived = [p for p in Path(f"/var/lib/dkms/{odkms.PACKAGE}/original_module/{kernel}").rglob("nvidia-uvm.ko*")
                 if re.search(r"\.ko(\.xz|\.zst|\.gz)?$", p.name)]  # 3.1.7+ adds a .origin record beside it
-    assert archived and dkms.sha256(archived[0]) == stock["nvidia_uvm_sha256"]
-    assert dkms.verify_installed(host, kernel)["ok"]
+    assert archived and dkms_run.sha256(archived[0]) == stock["nvidia_uvm_sha256"]
+    assert override.verify_installed(host, kernel)["ok"]
 
 
 def test_cli_refuses_kernel_outside_policy(host_env, installed, tmp_path):
@@ -526,16 +530,16 @@ def test_cli_refuses_kernel_outside_policy(host_env, installed, tmp_path):
 def test_remove_after_source_deleted_restores_stock_and_spares_others(host_env, installed, dummy_module):
     host, kernel, stock = host_env
     ver = installed["installed"][0]["dkms_version"]
-    shutil.rmtree(f"/usr/src/{dkms.PACKAGE}-{ver}")  # behind DKMS's back
-    res = dkms.remove(host, CFG, kernel=kernel)  # DKMS 3.0.10 again
+    shutil.rmtree(f"/usr/src/{odkms.PACKAGE}-{ver}")  # behind DKMS's back
+    res = override.remove(host, CFG, kernel=kernel)  # DKMS 3.0.10 again
     assert res["recovered"] == [ver]
     assert any("restored" in a for r in res["restored"] for a in r["actions"]), res["restored"]
     assert selected_path(kernel) == stock["nvidia_uvm"]
-    assert dkms.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
+    assert dkms_run.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
     nothing_of_ours(kernel, stock)
     st = sh("dkms", "status")
     assert st.returncode == 0, st.stderr
-    assert dkms.PACKAGE not in st.stdout
+    assert odkms.PACKAGE not in st.stdout
     assert re.search(rf"{DUMMY}/1.0, {re.escape(kernel)}, \S+: built", st.stdout), st.stdout
     assert res["registrations_left"] == []
 
@@ -561,7 +565,7 @@ def test_restore_keeps_a_stock_file_a_driver_package_replaced(tmp_path):
     sparkroot.write(root, f"/var/lib/spark-memsaver/dkms/{k}.json",
                     json.dumps({"stock_path": stock, "stock_sha256": old_sha}))
     new_sha = hashlib.sha256((root / stock.lstrip("/")).read_bytes()).hexdigest()
-    res = dkms.restore_stock(Host(root), k)
+    res = override.restore_stock(Host(root), k)
     assert res["ok"], res
     assert res["selected"] == stock
     assert hashlib.sha256((root / stock.lstrip("/")).read_bytes()).hexdigest() == new_sha
@@ -585,7 +589,7 @@ def test_engines_take_no_lock_of_their_own(host_env):
 
         def run():
             try:
-                dkms.build(host, CFG, kernel=kernel, driver_version="555.58.02")
+                dbuild.build(host, CFG, kernel=kernel, driver_version="555.58.02")
             except Exception as e:  # the named refusal expected below
                 box["err"] = e
         t = threading.Thread(target=run, daemon=True)
@@ -594,6 +598,6 @@ def test_engines_take_no_lock_of_their_own(host_env):
         fcntl.flock(fh, fcntl.LOCK_UN)
     if not existed:
         old.unlink(missing_ok=True)
-    assert not t.is_alive(), "dkms.build waited on the old /run/lock lock file"
-    assert isinstance(box.get("err"), dkms.DriverMismatch), box
+    assert not t.is_alive(), "dbuild.build waited on the old /run/lock lock file"
+    assert isinstance(box.get("err"), de.DriverMismatch), box
     nothing_of_ours(kernel, stock)

@@ -52,10 +52,11 @@ def world(request, tmp_path):
         assert "3.0.10" in ver, ver
     else:
         assert "3.2" in ver, ver
-    from spark_memsaver.act import dkms
+    from spark_memsaver.act import render
+    from spark_memsaver.observe.dkms import PACKAGE
     root = tmp_path / "root"
     (root / "usr/src").mkdir(parents=True)
-    r = dkms.render(Host(root), Config(kernels="all"), DRIVER, f"/usr/src/nvidia-{DRIVER}")
+    r = render.render(Host(root), Config(kernels="all"), DRIVER, f"/usr/src/nvidia-{DRIVER}")
     tree, inst, ksrc = tmp_path / "dkmstree", tmp_path / "inst", tmp_path / "ksrc"
     tree.mkdir()
     (inst / "lib/modules" / K / "kernel").mkdir(parents=True)
@@ -65,14 +66,14 @@ def world(request, tmp_path):
     (inst / "lib/modules" / K / "build").symlink_to(ksrc)
     common = ["--sourcetree", str(root / "usr/src"), "--dkmstree", str(tree),
               "--installtree", str(inst / "lib/modules")]
-    subprocess.run([exe, "add", "-m", dkms.PACKAGE, "-v", r["version"], *common], check=True,
+    subprocess.run([exe, "add", "-m", PACKAGE, "-v", r["version"], *common], check=True,
                    capture_output=True, timeout=60)
 
     class W:
         pass
     w = W()
     w.exe, w.tree, w.inst, w.ksrc, w.common, w.version, w.package = exe, tree, inst, ksrc, common, \
-        r["version"], dkms.PACKAGE
+        r["version"], PACKAGE
     w.release = request.param
     return w
 

@@ -32,11 +32,12 @@ def _uvm(path: Path, version: str) -> Path:
 def test_uninstall_keeps_a_newer_stock_file_over_dkms_archived_original(tmp_path, monkeypatch):
     needs.require("gcc", "depmod", "dpkg-deb", "apt-get")
     from tests.test_dkms import dkms_release
-    from spark_memsaver.act import dkms, dkms_run
+    from spark_memsaver.act import dkms_run, render
+    from spark_memsaver.observe.dkms import PACKAGE
     exe = dkms_release("trixie")
     root = tmp_path / "root"
     (root / "usr/src").mkdir(parents=True)
-    r = dkms.render(Host(root), Config(kernels="all"), "555.58.02", "/usr/src/nvidia-555.58.02")
+    r = render.render(Host(root), Config(kernels="all"), "555.58.02", "/usr/src/nvidia-555.58.02")
     ver = r["version"]
     tree, inst, src = root / "var/lib/dkms", root / "lib/modules", root / "usr/src"
     tree.mkdir(parents=True)
@@ -44,14 +45,14 @@ def test_uninstall_keeps_a_newer_stock_file_over_dkms_archived_original(tmp_path
     wrapper.write_text(f'#!/bin/sh\nexec {exe} "$@" --dkmstree {tree} --sourcetree {src} --installtree {inst}\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(wrapper))
-    os.system(f"{wrapper} add -m {dkms.PACKAGE} -v {ver} >/dev/null")
+    os.system(f"{wrapper} add -m {PACKAGE} -v {ver} >/dev/null")
     # installed as DKMS 3.2.2 leaves it: ours in updates/dkms, the old stock archived with its origin
-    built = _uvm(tree / dkms.PACKAGE / ver / K / ARCH / "module/nvidia-uvm.ko", "555.58.02")
-    (tree / dkms.PACKAGE / f"kernel-{K}-{ARCH}").symlink_to(f"{ver}/{K}/{ARCH}")
+    built = _uvm(tree / PACKAGE / ver / K / ARCH / "module/nvidia-uvm.ko", "555.58.02")
+    (tree / PACKAGE / f"kernel-{K}-{ARCH}").symlink_to(f"{ver}/{K}/{ARCH}")
     (inst / K / "updates/dkms").mkdir(parents=True)
     (inst / K / "updates/dkms/nvidia-uvm.ko").write_bytes(built.read_bytes())
     stock = inst / K / "kernel/nvidia-555-open/nvidia-uvm.ko"
-    arch_dir = tree / dkms.PACKAGE / "original_module" / K / ARCH
+    arch_dir = tree / PACKAGE / "original_module" / K / ARCH
     old = _uvm(arch_dir / "nvidia-uvm.ko", "555.58.02")
     (arch_dir / "nvidia-uvm.ko.origin").write_text(f"{stock}\n")
     # plain dpkg -i of driver 555.58.99 since: its stock nvidia-uvm stands at the original location

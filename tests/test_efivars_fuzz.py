@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_memsaver.observe import efivars as ev
-from spark_memsaver.act import mok
+from spark_memsaver.decide import mok as dmok
 
 pytestmark = pytest.mark.mok
 
@@ -149,10 +149,10 @@ def test_damaged_moklist_decides_unknown_or_parses(real_der, data):
     i = data.draw(st.integers(0, len(raw) - 1))
     raw[i] ^= data.draw(st.integers(1, 255))
     cert = ev.parse_certificate(real_der)
-    rawefi = mok.RawEfi(efi=True, efivarfs=True, files={
+    rawefi = dmok.RawEfi(efi=True, efivarfs=True, files={
         "SecureBoot": b"\x06\x00\x00\x00\x01", "SetupMode": b"\x06\x00\x00\x00\x00", "MokListRT": bytes(raw)})
-    parsed = mok.parse_efi(rawefi)
-    d = mok.decide(parsed, mok.CertInfo("/k", "test", present=True, cert=cert))
+    parsed = dmok.parse_efi(rawefi)
+    d = dmok.decide(parsed, dmok.CertInfo("/k", "test", present=True, cert=cert))
     v = parsed.vars["MokListRT"]
     if v.error:
         assert d.state == "unknown" and "MokListRT" in d.reason

@@ -1,6 +1,6 @@
 """act/executor.py: the one path for every module mutation.
 
-Real parts: the DKMS engine (act/dkms.py) on a Spark-shaped root (tests/support/sparkroot.py: real ELF
+Real parts: the DKMS engines (act/build.py, act/override.py) on a Spark-shaped root (tests/support/sparkroot.py: real ELF
 modules with real .modinfo, real depmod/modinfo), the real dkms program behind a wrapper that only logs
 and waits (SPARK_MEMSAVER_DKMS: the engines' own switch for which dkms to run), real processes killed
 with SIGKILL, a real full tmpfs for the state directory (ENOSPC from the kernel, not a mock).

@@ -243,7 +243,7 @@ def _switch_hits(root: Path) -> list[str]:
 def test_switch_absent_from_the_dkms_build(tmp_path):
     """No rendered DKMS file and no apply-step output (every tier) sets UVM_PT_PACK_TEST_FAKE_GPU; the
     scanner finds it in a tree prepared the way the test build prepares its own (not vacuous)."""
-    from spark_memsaver.act import dkms, patch
+    from spark_memsaver.act import patch, render
     from spark_memsaver.config import Config
     from spark_memsaver.decide import policy
     from spark_memsaver.host import Host
@@ -251,7 +251,7 @@ def test_switch_absent_from_the_dkms_build(tmp_path):
     for tier in policy.TIERS:
         root = tmp_path / f"root-{tier}"
         (root / "usr/src").mkdir(parents=True)
-        r = dkms.render(Host(root), Config(tier=tier), VERSION, f"/usr/src/nvidia-{VERSION}")
+        r = render.render(Host(root), Config(tier=tier), VERSION, f"/usr/src/nvidia-{VERSION}")
         rendered = root / r["path"].lstrip("/")
         assert (rendered / "uvm_patch/src/uvm_pt_pack.c").is_file()
         assert _switch_hits(rendered) == [], tier
@@ -292,13 +292,13 @@ def test_dkms_build_script_drops_compiler_flags_from_the_environment(tmp_path):
     """kbuild adds KCFLAGS/KCPPFLAGS/KAFLAGS from the environment to every compile, so a DKMS environment with
     KCFLAGS=-DUVM_PT_PACK_TEST_FAKE_GPU would switch the test mode on: the rendered build script's prologue
     (everything before its first action) must unset them. Runs the real rendered script's prologue in bash."""
-    from spark_memsaver.act import dkms
+    from spark_memsaver.act import render
     from spark_memsaver.config import Config
     from spark_memsaver.host import Host
 
     root = tmp_path / "root"
     (root / "usr/src").mkdir(parents=True)
-    r = dkms.render(Host(root), Config(), VERSION, f"/usr/src/nvidia-{VERSION}")
+    r = render.render(Host(root), Config(), VERSION, f"/usr/src/nvidia-{VERSION}")
     script = (root / r["path"].lstrip("/") / "spark-memsaver-build").read_text().splitlines()
     first_action = next(i for i, ln in enumerate(script) if ln.startswith("progress "))
     prologue = "\n".join(script[:first_action] + ['env'])

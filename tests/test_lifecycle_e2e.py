@@ -198,8 +198,8 @@ def test_e2e_2_apt_upgrade_555_prehook_removes_before_unpack_then_rebuilds(box, 
     sel = box.selected()
     assert sel.get("spark_memsaver") == "uvm-pt-pack/1" and sel["version"].startswith("555.58.02"), r.stdout[-3000:]
     assert sel.get("signer")
-    v = box.c.run(["python3", "-c", f"import json; from spark_memsaver.act import dkms; from spark_memsaver.host import "
-                   f"Host; print(json.dumps(dkms.verify_installed(Host('/'), '{box.k}')))"], timeout=120)
+    v = box.c.run(["python3", "-c", f"import json; from spark_memsaver.act import override; from spark_memsaver.host import "
+                   f"Host; print(json.dumps(override.verify_installed(Host('/'), '{box.k}')))"], timeout=120)
     ver = json.loads(v.stdout)
     assert ver["ok"], ver["problems"]
     doc = box.status()

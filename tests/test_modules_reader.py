@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from spark_memsaver.act import dkms, steps
+from spark_memsaver.act import override, steps
 from spark_memsaver.host import Host
 from spark_memsaver.observe import modules
 from spark_memsaver.observe import snapshot as observe
@@ -29,12 +29,12 @@ def depmod(root):
 
 
 def three_answers(host):
-    """What observe (the snapshot), the install verification (act/dkms.py) and the lifecycle's check
+    """What observe (the snapshot), the install verification (act/override.py) and the lifecycle's check
     (act/steps.py) say about the same kernel: (state/ours seen by each)."""
     snap_k = next(k for k in observe.observe_kernels(host, "aarch64") if k["release"] == K)
     sel = snap_k["uvm_selected"]
     obs = bool(sel and sel.get("patched") and sel.get("patch_id") == modules.PATCH_ID)
-    ver = dkms.verify_installed(host, K)
+    ver = override.verify_installed(host, K)
     ok_lc, info, _ = steps.ours_matches(host, K)
     return {"observe": obs, "verify": ver["ours"], "lifecycle": bool(info.get("patched")) and
             info.get("patch_id") == modules.PATCH_ID}, sel, ver, ok_lc

@@ -1,4 +1,4 @@
-"""Secure Boot / MOK state from efivarfs, and guided enrollment (spark_memsaver.act.mok, spark_memsaver.observe.efivars).
+"""Secure Boot / MOK state from efivarfs, and guided enrollment (observe/mok, decide/mok, act/enroll, observe/efivars).
 
 What the fixtures stand in for: **EFI firmware**. This machine boots without EFI, so the variables the
 firmware and shim expose at runtime are written by these tests as byte-exact efivarfs files under a fixture
@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 
 from spark_memsaver.observe import efivars as ev
-from spark_memsaver.act import mok
+from spark_memsaver.act import enroll
+from spark_memsaver.decide import mok as dmok
 from spark_memsaver.errors import SecureBootUnknown
 from spark_memsaver.host import Host
 from spark_memsaver.host.runner import Runner
+from spark_memsaver.observe import mok as omok
 from tests.support import needs
 
 pytestmark = pytest.mark.mok
@@ -214,7 +216,7 @@ def roots(certs, tmp_path_factory):
 
 def test_every_scenario_is_listed(certs):
     assert sorted(scenarios(certs)) == sorted(SCENARIO_NAMES)
-    assert {s[2] for s in scenarios(certs).values()} == set(mok.STATES)
+    assert {s[2] for s in scenarios(certs).values()} == set(dmok.STATES)
 
 
 # --- formats ---------------------------------------------------------------------------------------------
@@ -297,14 +299,14 @@ def test_certificate_fields_match_openssl(certs):
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_state_in_process(roots, name):
     root, expected = roots[name]
-    sb = mok.observe(Host(root))
+    sb = omok.observe(Host(root))
     assert sb["state"] == expected, sb["reason"]
     assert sb["reason"]
     if expected == "unknown":
         with pytest.raises(SecureBootUnknown):
-            mok.require_installable(sb)
+            dmok.require_installable(sb)
     else:
-        mok.require_installable(sb)
+        dmok.require_installable(sb)
     json.dumps(sb)  # JSON-able
 
 
@@ -326,7 +328,7 @@ def test_state_through_cli(roots, name):
 
 def test_reasons_are_precise(roots):
     def reason(n):
-        return mok.observe(Host(roots[n][0]))["reason"]
+        return omok.observe(Host(roots[n][0]))["reason"]
     assert "runs past the end" in reason("moklist-truncated") and "MokListRT" in reason("moklist-truncated")
     assert "expected 48" in reason("moklist-bad-sigsize")
     assert "oversized" in reason("moklist-oversized")
@@ -338,7 +340,7 @@ def test_reasons_are_precise(roots):
 
 
 def test_details_of_enrolled_split(roots, certs):
-    sb = mok.observe(Host(roots["enrolled-split"][0]))
+    sb = omok.observe(Host(roots["enrolled-split"][0]))
     assert sb["where"] == ["MokListRT2"]
     assert sb["secure_boot"] is True and sb["setup_mode"] is False and sb["validation_disabled"] is False
     assert sb["certificate"]["sha256"] == hashlib.sha256(certs["ours"]).hexdigest()
@@ -348,8 +350,8 @@ def test_details_of_enrolled_split(roots, certs):
 
 
 def test_where_db_and_mokvar(roots):
-    assert mok.observe(Host(roots["enrolled-db"][0]))["where"] == ["db"]
-    sb = mok.observe(Host(roots["enrolled-mokvar-table"][0]))
+    assert omok.observe(Host(roots["enrolled-db"][0]))["where"] == ["db"]
+    sb = omok.observe(Host(roots["enrolled-mokvar-table"][0]))
     assert sb["where"] == ["MokListRT"] and sb["variables"]["MokListRT"]["source"] == "mok-variables"
 
 
@@ -374,25 +376,25 @@ def test_cert_from_dkms_framework_conf_d_with_kernelver(tmp_path, certs):
         "/etc/dkms/framework.conf.d/50-spark.conf": 'mok_certificate="/etc/keys/$kernelver/mok.pem"  # ours\n',
         "/proc/sys/kernel/osrelease": "6.17.0-1014-nvidia\n",
         "/etc/keys/6.17.0-1014-nvidia/mok.pem": certs["pem_path"].read_bytes()})
-    sb = mok.observe(Host(root))
+    sb = omok.observe(Host(root))
     assert sb["certificate"]["path"] == "/etc/keys/6.17.0-1014-nvidia/mok.pem"
     assert "50-spark.conf" in sb["certificate"]["origin"] and sb["certificate"]["encoding"] == "pem"
     assert sb["state"] == "enrolled"
 
 
 def test_cert_ubuntu_default(tmp_path, certs):
-    root = _sb_root(tmp_path / "r", certs, cert=certs["pem_der"], cert_path=mok.UBUNTU_DEFAULT_CERT, os_id="ubuntu")
-    sb = mok.observe(Host(root))
+    root = _sb_root(tmp_path / "r", certs, cert=certs["pem_der"], cert_path=omok.UBUNTU_DEFAULT_CERT, os_id="ubuntu")
+    sb = omok.observe(Host(root))
     assert sb["certificate"]["path"] == "/var/lib/shim-signed/mok/MOK.der" and sb["state"] == "enrolled"
-    root2 = _sb_root(tmp_path / "r2", certs, cert=certs["pem_der"], cert_path=mok.UBUNTU_DEFAULT_CERT,
+    root2 = _sb_root(tmp_path / "r2", certs, cert=certs["pem_der"], cert_path=omok.UBUNTU_DEFAULT_CERT,
                      os_id="debian")
-    sb2 = mok.observe(Host(root2))
+    sb2 = omok.observe(Host(root2))
     assert sb2["certificate"]["path"] == "/var/lib/dkms/mok.pub" and sb2["state"] == "no-key"
 
 
 def test_cert_option_and_unresolvable_variable(tmp_path, certs):
     root = _sb_root(tmp_path / "r", certs, extra={"/etc/dkms/framework.conf": "mok_certificate=$dkms_tree/x\n"})
-    assert mok.observe(Host(root))["state"] == "unknown"
+    assert omok.observe(Host(root))["state"] == "unknown"
     r = _cli("--root", str(root), "mok", "status", "--json", "--cert", str(certs["pem_path"]))
     assert json.loads(r.stdout)["state"] == "enrolled" and r.returncode == 0
 
@@ -412,13 +414,13 @@ def test_kernel_side(tmp_path, certs):
                      certs["ours"], extra={"/proc/keys": keys,
                                            "/sys/kernel/security/lockdown": "none [integrity] confidentiality\n",
                                            "/sys/module/module/parameters/sig_enforce": "N\n"})
-    k = mok.observe(Host(root))["kernel"]
+    k = omok.observe(Host(root))["kernel"]
     assert k["lockdown"] == "integrity" and k["sig_enforce"] is False
     assert k["keyrings"][".platform"] == {"present": True, "keys": 2}
     assert k["keyrings"][".machine"] == {"present": True, "keys": 0}
     assert k["key_loaded"] is True and k["key_description"].startswith("DKMS module signing key: ")
     (root / "proc/keys").write_text(keys.splitlines()[0] + "\n" + keys.splitlines()[3] + "\n")
-    assert mok.observe(Host(root))["kernel"]["key_loaded"] is False
+    assert omok.observe(Host(root))["kernel"]["key_loaded"] is False
 
 
 # --- the real mokutil -------------------------------------------------------------------------------------
@@ -433,7 +435,7 @@ def _mokutil():
 
 def test_live_state_agrees_with_real_mokutil():
     _mokutil()
-    sb = mok.observe(Host("/"))
+    sb = omok.observe(Host("/"))
     r = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True)
     out = r.stdout + r.stderr
     if NO_EFI:
@@ -467,26 +469,26 @@ def test_real_mokutil_import_without_efi_is_a_named_error(certs, tmp_path):
     der = tmp_path / "k.der"
     der.write_bytes(certs["ours"])
     pw = "Sp4rk one-time"
-    with pytest.raises(mok.MokutilFailed) as ei:
-        mok.run_mokutil_import(Host("/", runner=Spy()), str(der), pw)
+    with pytest.raises(dmok.MokutilFailed) as ei:
+        enroll.run_mokutil_import(Host("/", runner=Spy()), str(der), pw)
     assert "EFI variables are not supported" in ei.value.message
     assert pw not in " ".join(seen["argv"]) and seen["mode"] == 0o600
     salt = seen["hash"].split("$")[2]
-    assert seen["hash"] == mok.sha512_crypt(pw, salt) + "\n"
+    assert seen["hash"] == enroll.sha512_crypt(pw, salt) + "\n"
     assert not os.path.exists(seen["hf"])        # removed afterwards
 
 
 def test_hash_file_format_is_what_mokutil_decodes():
     import re
     for pw, salt in (("abc", "saltsaltsaltsalt"), ("x" * 100, "a"), ("p@ss w0rd~", "./09AZaz")):
-        mine = mok.sha512_crypt(pw, salt)
+        mine = enroll.sha512_crypt(pw, salt)
         ref = subprocess.run(["openssl", "passwd", "-6", "-salt", salt, "-stdin"], input=pw, check=True,
                              capture_output=True, text=True).stdout.strip()
         assert mine == ref
-    h = mok.sha512_crypt("pw")
+    h = enroll.sha512_crypt("pw")
     # mokutil decode_sha512_pass: ([./0-9A-Za-z]{1,16})?\$[./0-9A-Za-z]{86}
     assert re.fullmatch(r"\$6\$[./0-9A-Za-z]{16}\$[./0-9A-Za-z]{86}", h)
-    assert mok.sha512_crypt("pw") != h           # a fresh salt each time
+    assert enroll.sha512_crypt("pw") != h           # a fresh salt each time
 
 
 def test_enroll_refusals_through_cli(roots, certs):
@@ -509,14 +511,14 @@ def test_enroll_on_this_machine_without_efi():
 
 
 def test_password_checks():
-    with pytest.raises(mok.MokBadPassword):
-        mok.check_password("")
-    with pytest.raises(mok.MokBadPassword):
-        mok.check_password("x" * 257)
-    with pytest.raises(mok.MokBadPassword) as ei:
-        mok.check_password("pässwörd")
+    with pytest.raises(dmok.MokBadPassword):
+        enroll.check_password("")
+    with pytest.raises(dmok.MokBadPassword):
+        enroll.check_password("x" * 257)
+    with pytest.raises(dmok.MokBadPassword) as ei:
+        enroll.check_password("pässwörd")
     assert "pässwörd" not in ei.value.message
-    mok.check_password("a" * 256)
+    enroll.check_password("a" * 256)
 
 
 def test_cancel_without_pending_request(roots):
@@ -528,16 +530,16 @@ def test_cancel_without_pending_request(roots):
 
 def test_request_enrollment_api_refuses_unknown(roots):
     with pytest.raises(SecureBootUnknown):
-        mok.request_enrollment(Host(roots["split-gap"][0]), None, "pw")
-    with pytest.raises(mok.MokAlreadyEnrolled):
-        mok.request_enrollment(Host(roots["enrolled-db"][0]), None, "pw")
+        enroll.request_enrollment(Host(roots["split-gap"][0]), None, "pw")
+    with pytest.raises(dmok.MokAlreadyEnrolled):
+        enroll.request_enrollment(Host(roots["enrolled-db"][0]), None, "pw")
 
 
 def test_require_installable_without_observation():
     with pytest.raises(SecureBootUnknown):
-        mok.require_installable({})
+        dmok.require_installable({})
     with pytest.raises(SecureBootUnknown):
-        mok.require_installable({"state": "something-else"})
+        dmok.require_installable({"state": "something-else"})
 
 
 # --- a missed prompt is visible --------------------------------------------------------------------------
@@ -554,9 +556,9 @@ def test_request_record_explains_a_missed_prompt(tmp_path, certs, scenario, reco
     sha = hashlib.sha256(certs[record_cert]).hexdigest()
     root = make_root(tmp_path / "r", variables, cert, **kw, extra={
         "/proc/sys/kernel/random/boot_id": "boot-B\n",
-        mok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": record_boot,
+        omok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": record_boot,
                                         "requested_at": "2026-11-30T01:00:00Z"})})
-    sb = mok.observe(Host(root))
+    sb = omok.observe(Host(root))
     assert sb["state"] == expected and sb["last_request"]["boot_id"] == record_boot
     if words:
         assert words in sb["reason"] and "2026-11-30T01:00:00Z" in sb["reason"]
@@ -566,11 +568,11 @@ def test_request_record_explains_a_missed_prompt(tmp_path, certs, scenario, reco
 
 def test_damaged_request_record_is_ignored(roots):
     root = roots["not-enrolled"][0]
-    p = root / mok.REQUEST_RECORD.lstrip("/")
+    p = root / omok.REQUEST_RECORD.lstrip("/")
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("{not json")
     try:
-        sb = mok.observe(Host(root))
+        sb = omok.observe(Host(root))
         assert sb["state"] == "not-enrolled" and sb["last_request"] is None
     finally:
         p.unlink()
@@ -579,11 +581,11 @@ def test_damaged_request_record_is_ignored(roots):
 def test_request_record_round_trip(tmp_path):
     root = make_root(tmp_path / "r", {}, None, efi=False, extra={"/proc/sys/kernel/random/boot_id": "b1\n"})
     h = Host(root)
-    mok.write_request_record(h, "ab" * 32)
-    rec = mok.read_request_record(h)
+    enroll.write_request_record(h, "ab" * 32)
+    rec = omok.read_request_record(h)
     assert rec["cert_sha256"] == "ab" * 32 and rec["boot_id"] == "b1" and rec["requested_at"].endswith("Z")
-    mok.clear_request_record(h)
-    assert mok.read_request_record(h) is None
+    enroll.clear_request_record(h)
+    assert omok.read_request_record(h) is None
 
 
 # --- phase 2 of issue 12: the config the caller runs with, images without sysfs, certificate files ----------
@@ -629,25 +631,25 @@ def test_image_without_sysfs_is_unknown_never_not_needed(tmp_path, certs):
     assert sb["secure_boot"] is None
     assert r.returncode == 2
     with pytest.raises(SecureBootUnknown) as e:
-        mok.require_installable(sb)
+        dmok.require_installable(sb)
     assert "booted node" in e.value.remedy
 
 
 def test_unknown_refusal_names_the_remedy_for_its_cause(roots, tmp_path, certs):
-    sb = mok.observe(Host(roots["efivarfs-unmounted"][0]))
+    sb = omok.observe(Host(roots["efivarfs-unmounted"][0]))
     with pytest.raises(SecureBootUnknown) as e:
-        mok.require_installable(sb)
+        dmok.require_installable(sb)
     assert "mount -t efivarfs" in e.value.remedy
-    sb = mok.observe(Host(roots["cert-garbage"][0]))
+    sb = omok.observe(Host(roots["cert-garbage"][0]))
     with pytest.raises(SecureBootUnknown) as e:
-        mok.request_enrollment(Host(roots["cert-garbage"][0]), None, "pw")
+        enroll.request_enrollment(Host(roots["cert-garbage"][0]), None, "pw")
     assert "/var/lib/dkms/mok.pub" in e.value.remedy and "signing_cert" in e.value.remedy
     assert "mount -t efivarfs" not in e.value.remedy
 
 
 def _observe_in_child(root: Path, cert: str | None = None, timeout: float = 20):
-    code = ("import json,sys; from spark_memsaver.act import mok; from spark_memsaver.host import Host; "
-            "print(json.dumps(mok.observe(Host(sys.argv[1]), cert=sys.argv[2] or None)))")
+    code = ("import json,sys; from spark_memsaver.observe import mok as omok; from spark_memsaver.host import Host; "
+            "print(json.dumps(omok.observe(Host(sys.argv[1]), cert=sys.argv[2] or None)))")
     env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
     r = subprocess.run(["/usr/bin/python3", "-c", code, str(root), cert or ""], capture_output=True, text=True,
                        env=env, timeout=timeout)   # a blocking open of a FIFO runs into this timeout
@@ -669,7 +671,7 @@ def test_certificate_file_is_opened_without_blocking(tmp_path, certs, kind):
     elif kind == "directory":
         cp.mkdir()
     else:
-        cp.write_bytes(b"\0" * (mok.MAX_CERT_BYTES + 1))
+        cp.write_bytes(b"\0" * (omok.MAX_CERT_BYTES + 1))
     sb = _observe_in_child(root)
     words = {"fifo": "is a FIFO", "symlink": "symbolic link", "directory": "is a directory",
              "oversized": "more than"}[kind]
@@ -677,5 +679,5 @@ def test_certificate_file_is_opened_without_blocking(tmp_path, certs, kind):
     # --cert on the enrolling machine: the same reader, a named error as the reason
     sb = _observe_in_child(tmp_path / "r", cert=str(cp))
     assert sb["state"] == "unknown" and words in sb["reason"]
-    with pytest.raises(mok.CertFileRefused):
-        mok.read_cert_file(str(cp))
+    with pytest.raises(omok.CertFileRefused):
+        omok.read_cert_file(str(cp))

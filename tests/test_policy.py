@@ -1,7 +1,7 @@
 """decide/policy.py: the one kernel policy and the one tier vocabulary.
 
 The agreement test runs the REAL dkms (the Debian package) on the dkms.conf that spark-memsaver renders
-(act/dkms.py render, the product path), against a kernel "source dir" holding only a .config: DKMS reads
+(act/render.py, the product path), against a kernel "source dir" holding only a .config: DKMS reads
 BUILD_EXCLUSIVE before anything else and exits 77 when the kernel is excluded. The planner's verdict for
 the same kernel configuration must be the same (FAULTS: PREEMPT_RT row).
 """
@@ -73,19 +73,20 @@ def test_planner_verdict(kpol, text, page, arch, builds):
 def _dkms_excludes(tmp_path, kpol, text, arch) -> bool:
     """Render our DKMS tree as the product does, register it with the real dkms in a private tree and ask
     dkms to build for a kernel whose .config is ``text``: exit 77 = BUILD_EXCLUSIVE excluded it."""
-    from spark_memsaver.act import dkms
+    from spark_memsaver.act import render
+    from spark_memsaver.observe.dkms import PACKAGE
     root = tmp_path / "root"
     (root / "usr/src").mkdir(parents=True, exist_ok=True)
-    r = dkms.render(Host(root), Config(kernels=kpol), "550.163.01", "/usr/src/nvidia-550.163.01")
+    r = render.render(Host(root), Config(kernels=kpol), "550.163.01", "/usr/src/nvidia-550.163.01")
     src, tree, ksrc = root / "usr/src", tmp_path / "dkmstree", tmp_path / "ksrc"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir()
     ksrc.mkdir(exist_ok=True)
     (ksrc / ".config").write_text(text)
     common = ["--sourcetree", str(src), "--dkmstree", str(tree)]
-    subprocess.run(["dkms", "add", "-m", dkms.PACKAGE, "-v", r["version"], *common], check=True,
+    subprocess.run(["dkms", "add", "-m", PACKAGE, "-v", r["version"], *common], check=True,
                    capture_output=True, timeout=60)
-    b = subprocess.run(["dkms", "build", "-m", dkms.PACKAGE, "-v", r["version"], "-k", K, "-a", arch,
+    b = subprocess.run(["dkms", "build", "-m", PACKAGE, "-v", r["version"], "-k", K, "-a", arch,
                         "--kernelsourcedir", str(ksrc), *common], capture_output=True, text=True, timeout=120)
     assert b.returncode != 0, "dkms went on to build: the test kernel has no headers, it must stop early"
     return b.returncode == 77

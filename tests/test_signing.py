@@ -80,7 +80,7 @@ def test_dropin_values_cannot_execute_when_bash_sources_them(tmp_path, pair, pay
 
 def test_mok_status_reads_the_quoted_dropin_back(tmp_path, pair):
     """The MOK reader (observe/mok.py) and bash agree on a certificate path with a quote and a `$(...)` in it."""
-    from spark_memsaver.act import mok
+    from spark_memsaver.observe import mok as omok
 
     mark = tmp_path / "pwned"
     key, cert = f"/etc/keys/$(touch {mark})/node.key", "/etc/keys/it's \"ours\"/node.der"
@@ -88,8 +88,8 @@ def test_mok_status_reads_the_quoted_dropin_back(tmp_path, pair):
     host = Host(str(root))
     signing.ensure(host, _cfg(key, cert))
     assert _source_in_bash(root / signing.DROPIN.lstrip("/"), tmp_path) == [key, cert]
-    assert mok.dkms_signing_config(host)["mok_certificate"] == cert
-    c = mok.observe(host)["certificate"]
+    assert omok.dkms_signing_config(host)["mok_certificate"] == cert
+    c = omok.observe(host)["certificate"]
     assert c["path"] == cert and c["present"] and c["origin"].startswith("mok_certificate in")
     assert not mark.exists()
 

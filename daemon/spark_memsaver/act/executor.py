@@ -17,7 +17,7 @@ undone by the next perform (every op first recovers what an earlier one left, se
 The result is a JSON-able dict; it carries ``record_problems`` (and ``findings``) when a record could
 not be written -- a removal toward stock goes on without its record (defect 4).
 
-Engines (act/dkms.py) take no lock and write no intent of their own; nothing here talks to D-Bus:
+Engines (act/build.py, act/override.py) take no lock and write no intent of their own; nothing here talks to D-Bus:
 the CLI decides whether to call this (root, --root) or the daemon (cli/client.py).
 """
 
@@ -130,7 +130,8 @@ def recover(host: Host, config: Config, progress, problems: list, seen: dict | N
 def _target(host: Host, kernel: str | None) -> str:
     if kernel:
         return installable.check_kernel(host, kernel)     # the one unknown-kernel refusal (exit 2)
-    return st.dkms().running_kernel(host)
+    from spark_memsaver.act import dkms_run
+    return dkms_run.running_kernel(host)
 
 
 def _build(host, config, progress, problems, kernel=None, driver_version=None, driver=None, force=False):
@@ -138,7 +139,7 @@ def _build(host, config, progress, problems, kernel=None, driver_version=None, d
     installable.require(host, config, k, progress=st.fwd(progress), ignore=("secure-boot-unknown",))
     dv = driver_version or driver
     with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=dv):
-        return st.dkms().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress), force=force)
+        return st.engine_build().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress), force=force)
 
 
 def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progress) -> None:
@@ -159,7 +160,7 @@ def _install(host, config, progress, problems, kernel=None, all_kernels=False):
     if released:
         st.say(progress, "hold released: " + ", ".join(released))
     with rio.safe_intent(host, "install", k, removal=False, problems=problems):
-        doc = st.dkms().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress))
+        doc = st.engine_override().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress))
         for r in doc.get("installed", []):
             ok, info, nv = st.ours_matches(host, r["kernel"])
             if not ok:

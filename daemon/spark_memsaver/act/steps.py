@@ -1,4 +1,4 @@
-"""Acting on plan steps (decide/plan.py) through the engines (act/dkms.py), each under an intent record.
+"""Acting on plan steps (decide/plan.py) through the engines (act/build.py, act/override.py), each under an intent record.
 
 Called only by act/executor.py, which holds the "lifecycle" lock. Every step that moves toward stock
 (remove-override, finish-intent, undo-intent) goes on even when no record can be written (defect 4):
@@ -47,9 +47,14 @@ def fwd(progress):
     return f
 
 
-def dkms():
-    from spark_memsaver.act import dkms as d  # imported late: pure paths and the idle daemon never load it
-    return d
+def engine_build():
+    from spark_memsaver.act import build  # imported late: pure paths and the idle daemon never load it
+    return build
+
+
+def engine_override():
+    from spark_memsaver.act import override  # imported late, as engine_build
+    return override
 
 
 # --- verification: the ONE reader of the selection (observe/modules.py) ------------------------
@@ -76,7 +81,7 @@ def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
 # --- engines, wrapped --------------------------------------------------------------------------
 
 def remove(host: Host, config: Config, kernel: str | None, progress) -> dict:
-    d = dkms()
+    d = engine_override()
     if kernel is None:
         res = d.remove(host, config, all_kernels=True, progress=fwd(progress)) or {}
     else:
@@ -136,7 +141,6 @@ def _failed(host, config, step, progress, problems, op, e: MemsaverError, code: 
 
 
 def do_build_install(host, config, step: rc.Step, progress, problems: list) -> dict:
-    d = dkms()
     k = step.kernel
     try:
         record_stock(host, k)
@@ -147,8 +151,8 @@ def do_build_install(host, config, step: rc.Step, progress, problems: list) -> d
         with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=step.driver_to):
             say(progress, f"{k}: building our nvidia-uvm for driver {step.driver_to}")
             # a configuration change (tier, policy) must rebuild even when DKMS holds a build of this version
-            d.build(host, config, kernel=k, driver_version=step.driver_to, progress=fwd(progress),
-                    force=step.code == "config-changed")
+            engine_build().build(host, config, kernel=k, driver_version=step.driver_to, progress=fwd(progress),
+                                 force=step.code == "config-changed")
     except rio.RecordWriteFailed:
         raise
     except MemsaverError as e:
@@ -157,7 +161,7 @@ def do_build_install(host, config, step: rc.Step, progress, problems: list) -> d
     try:
         with rio.safe_intent(host, "install", k, removal=False, problems=problems, driver_version=step.driver_to):
             say(progress, f"{k}: installing our nvidia-uvm for driver {step.driver_to}")
-            d.install(host, config, kernel=k, progress=fwd(progress))
+            engine_override().install(host, config, kernel=k, progress=fwd(progress))
             ok, info, nv = ours_matches(host, k)
             if not ok:
                 raise StepFailed(f"kernel {k}: after install the selected nvidia-uvm is "

@@ -8,7 +8,7 @@ import re
 import sys
 import os
 
-from spark_memsaver.act.dkms import PACKAGE
+from spark_memsaver.observe.dkms import PACKAGE
 from spark_memsaver.errors import MemsaverError
 
 

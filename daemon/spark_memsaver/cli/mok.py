@@ -1,4 +1,4 @@
-"""CLI: the mok group (click commands only; the work is done in spark_memsaver.act.mok)."""
+"""CLI: the mok group (click commands only; the work is done in act/enroll.py, observe/mok.py, decide/mok.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import json
 import os
 import stat
 import sys
-from spark_memsaver.act.mok import (_refuse_for, _require_live_root, cancel_enrollment, check_console_timeout,  # noqa: E501
-                                    exit_code, observe, render_text, request_enrollment)
+from spark_memsaver.act.enroll import (_refuse_for, _require_live_root, cancel_enrollment, check_console_timeout,
+                                       request_enrollment)
+from spark_memsaver.decide.mok import exit_code
+from spark_memsaver.observe.mok import observe
+from spark_memsaver.report.mok import render_text
 
 
 def _read_password(password_file: str | None, password_stdin: bool) -> str:

@@ -3,13 +3,13 @@
 Input: a snapshot (observe.snapshot), the config, the manifest's verdict per driver version
 (``support = {"550.163.01": {"supported": True}, "9.9": {"supported": False, "reason": "..."}}``) and
 optionally the intent/rollback records (they are in the snapshot's ``records``). Output: a plan, an
-ordered list of steps that lifecycle.py executes through dkms.py.
+ordered list of steps that act/steps.py executes through the DKMS engines.
 
 The path a newcomer looks for, "driver upgrade -> rollback" (5 modules):
   apt (systemd/apt/) or dpkg trigger (systemd/dpkg/) or the daemon -> cli/lifecycle.py (click) or service/
     -> act/executor.py perform("apt-pre-install" | "reconcile")   [lock, intent, act, verify, record]
     -> decide/plan.py plan() / pre_install_plan()                  [this module: decides]
-    -> act/steps.py execute() -> act/dkms.py remove()/build()/install()   [acts]
+    -> act/steps.py execute() -> act/override.py remove()/install(), act/build.py build()   [acts]
     -> decide/status.py: status shows `rolled-back` with the reason from the rollback record
 and, independent of all of them at module load time, systemd/guard/uvm-guard (docs/lifecycle.md).
 

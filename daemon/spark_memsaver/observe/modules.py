@@ -1,6 +1,6 @@
 """The ONE reader of "which nvidia-uvm does modprobe select for kernel K, and is it ours".
 
-observe (the snapshot), the build/install/remove verification (act/dkms.py) and the lifecycle's checks
+observe (the snapshot), the build/install/remove verification (act/override.py) and the lifecycle's checks
 (act/steps.py) all read the selection here, so they give the same answer. The rule is the one the load-time
 guard (systemd/guard/uvm-guard) and the kotool (dkms/spark-memsaver-kotool) apply:
 

@@ -2,7 +2,7 @@
 worker) so the idle daemon never imports the engines.
 
 Every module mutation goes through the one executor, ``act.executor.perform`` (plan -> lifecycle lock ->
-intent -> act -> verify -> record). RequestEnrollment is the MOK step of act/mok.py; its certificate file
+intent -> act -> verify -> record). RequestEnrollment is the MOK step of act/enroll.py; its certificate file
 is read here, without blocking, and handed on as a private copy (issue 12 defect 11).
 """
 
@@ -43,13 +43,13 @@ def request_enrollment(host, config, progress, password: str, cert: str | None =
     from spark_memsaver.service.checks import read_cert
 
     try:
-        from spark_memsaver.act import mok
+        from spark_memsaver.act import enroll
     except ImportError as e:
         if not (e.name or "").startswith("spark_memsaver"):
             raise
         raise _missing("request-enrollment", e) from None
     if cert is None:
-        return mok.request_enrollment(host, config, password, wait_at_console=wait_at_console)
+        return enroll.request_enrollment(host, config, password, wait_at_console=wait_at_console)
     data = read_cert(cert)          # never blocks: a FIFO or a device is refused here
     work = tempfile.mkdtemp(prefix="spark-memsaver-dbus-cert.")
     try:
@@ -57,7 +57,7 @@ def request_enrollment(host, config, progress, password: str, cert: str | None =
         fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        result = mok.request_enrollment(host, config, password, cert=copy, wait_at_console=wait_at_console)
+        result = enroll.request_enrollment(host, config, password, cert=copy, wait_at_console=wait_at_console)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _renamed(result, copy, cert)
