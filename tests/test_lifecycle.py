@@ -30,6 +30,7 @@ from spark_memsaver.decide import plan as rc
 from spark_memsaver.config import Config
 from spark_memsaver.decide.status import evaluate
 from spark_memsaver.host import Host
+from spark_memsaver.host import locks
 from tests.support import needs, sparkroot
 
 pytestmark = pytest.mark.lifecycle
@@ -458,18 +459,18 @@ def test_dpkg_lock_is_seen_without_taking_it(tmp_path):
     lock.parent.mkdir(parents=True)
     lock.write_text("")
     h = Host(tmp_path)
-    assert executor.dpkg_running(h) is None
+    assert locks.dpkg_running(h) is None
     code = ("import fcntl,os,time,sys; fd=os.open(%r, os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX); "
             "print('locked', flush=True); time.sleep(30)" % str(lock))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "locked"       # dpkg takes its locks with fcntl(F_SETLK)
-        assert executor.dpkg_running(h) == p.pid
-        assert executor.dpkg_running(h) == p.pid            # asking twice: we never took the lock
+        assert locks.dpkg_running(h) == p.pid
+        assert locks.dpkg_running(h) == p.pid            # asking twice: we never took the lock
     finally:
         p.kill()
         p.wait()
-    assert executor.dpkg_running(h) is None
+    assert locks.dpkg_running(h) is None
 
 
 # ------------------------------------------------------------------------------------------------

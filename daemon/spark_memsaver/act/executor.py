@@ -24,7 +24,6 @@ the CLI decides whether to call this (root, --root) or the daemon (cli/client.py
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 
 from spark_memsaver.act import installable
@@ -267,7 +266,7 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         args = dict(args)
         if not args.get("inside_dpkg") and not args.get("dry_run") and host.is_live and args.get("rebuild") \
                 is not False:
-            pid = dpkg_running(host)
+            pid = locks.dpkg_running(host)
             if pid:
                 args["rebuild"] = False
                 args["_deferred"] = f"dpkg (pid {pid}) is running: rebuilds wait for its trigger"
@@ -306,29 +305,3 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         doc["record_problems"] = problems
         doc.setdefault("findings", []).extend(problems)
     return doc
-
-
-# --- dpkg ----------------------------------------------------------------------------------------
-
-DPKG_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
-
-
-def dpkg_running(host: Host) -> int | None:
-    """pid of a dpkg/apt holding the dpkg lock (F_GETLK: tests without taking it), else None."""
-    import struct
-    for lock in DPKG_LOCKS:
-        try:
-            fd = os.open(host.path(lock), os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            req = struct.pack("@hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)
-            res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
-            ltype, _, _, _, pid = struct.unpack("@hhqqi", res)
-            if ltype != fcntl.F_UNLCK:
-                return pid
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return None

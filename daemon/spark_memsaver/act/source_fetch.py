@@ -289,7 +289,7 @@ def clear_pending(host: Host, driver_version: str | None = None) -> None:
 
 def _inside_apt(host: Host) -> int | None:
     """pid of the apt/dpkg that holds the dpkg locks (the APT/dpkg doors run inside it), else None."""
-    from spark_memsaver.act.executor import dpkg_running
+    from spark_memsaver.host.locks import dpkg_running
     return dpkg_running(host)
 
 

@@ -6,10 +6,11 @@ import contextlib
 import fcntl
 import json
 import os
+import struct
 import time
 
 from spark_memsaver.errors import LockTimeout
-from spark_memsaver.host import paths
+from spark_memsaver.host import Host, paths
 
 
 def start_time(pid: int) -> str | None:
@@ -70,3 +71,27 @@ def hold(host, name: str, *, timeout: float = 300.0, purpose: str = "", path: st
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+# dpkg's own locks (its door runs inside apt/dpkg): tested, never taken
+DPKG_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
+
+
+def dpkg_running(host: Host) -> int | None:
+    """pid of a dpkg/apt holding the dpkg lock (F_GETLK: tests without taking it), else None."""
+    for lock in DPKG_LOCKS:
+        try:
+            fd = os.open(host.path(lock), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            req = struct.pack("@hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)
+            res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
+            ltype, _, _, _, pid = struct.unpack("@hhqqi", res)
+            if ltype != fcntl.F_UNLCK:
+                return pid
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return None

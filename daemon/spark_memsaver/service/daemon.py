@@ -365,7 +365,7 @@ class Daemon:
         self._fetch_timer = GLib.timeout_add_seconds(FETCH_POLL_S, self.poll_deferred_fetch)
 
     def poll_deferred_fetch(self) -> bool:
-        from spark_memsaver.act.executor import dpkg_running
+        from spark_memsaver.host.locks import dpkg_running
         from spark_memsaver.observe.sources import pending
         if self._stopping or pending(self.host) is None:
             self._fetch_timer = None
