@@ -681,3 +681,65 @@ def test_certificate_file_is_opened_without_blocking(tmp_path, certs, kind):
     assert sb["state"] == "unknown" and words in sb["reason"]
     with pytest.raises(omok.CertFileRefused):
         omok.read_cert_file(str(cp))
+
+
+def test_status_text_shows_the_sha1_mokmanager_shows(roots, certs):
+    """MokManager's 'View key' prints the SHA-1 fingerprint: the text status shows it beside the SHA-256."""
+    r = _cli("--root", str(roots["not-enrolled"][0]), "mok", "status")
+    assert "Traceback" not in r.stderr
+    der = certs["ours"]
+    sha256 = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("sha256:")]
+    assert sha256 == [["sha256:", hashlib.sha256(der).hexdigest()]], r.stdout
+    sha1 = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("sha1:")]
+    assert len(sha1) == 1 and hashlib.sha1(der).hexdigest() in sha1[0] and "MokManager" in sha1[0], r.stdout
+
+
+@pytest.mark.parametrize("name", ["efivarfs-unmounted", "moklist-truncated", "secureboot-value-2"])
+def test_unknown_status_gives_the_real_next_step(roots, name):
+    """In the unknown state `mok status` names what to do (mount efivarfs, check the firmware), not itself."""
+    r = _cli("--root", str(roots[name][0]), "mok", "status")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    remedy = next(ln for ln in r.stdout.splitlines() if ln.startswith("Remedy:"))
+    assert "mok status" not in remedy, remedy
+    assert "'sudo mount -t efivarfs efivarfs /sys/firmware/efi/efivars'" in remedy and "firmware" in remedy
+
+
+def test_enroll_dry_run_requests_nothing(roots, certs):
+    """`mok enroll --dry-run` prints the mokutil commands and the fingerprints, asks no password (stdin is
+    empty and no TTY), calls nothing (the real runner, spied: no command at all), and refuses with the real
+    run's named errors; `mok cancel --dry-run` likewise."""
+    ran = []
+
+    class Spy(Runner):      # the real runner, recording every command it is asked to run
+        def run(self, argv, **kw):
+            ran.append(list(argv))
+            return super().run(argv, **kw)
+
+    plan = enroll.plan_enrollment(Host(roots["not-enrolled"][0], runner=Spy()), None, console_timeout=300)
+    assert plan["would_run"][1] == ["mokutil", "--timeout", "300"] and plan["console_timeout"] == 300
+    plan = enroll.plan_cancel(Host(roots["pending-enroll"][0], runner=Spy()))
+    assert plan["pending"] and plan["would_run"] == [["mokutil", "--revoke-import"]]
+    assert ran == []
+
+    def cli(*args):
+        return _cli(*args, input="")
+    root = str(roots["not-enrolled"][0])
+    r = cli("--root", root, "mok", "enroll", "--dry-run", "--console-timeout", "300")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mokutil --import" in r.stdout and "mokutil --timeout 300" in r.stdout
+    assert hashlib.sha1(certs["ours"]).hexdigest() in r.stdout and "Nothing was changed" in r.stdout
+    assert "password" not in r.stderr.lower()
+    doc = json.loads(cli("--root", root, "mok", "enroll", "--dry-run", "--json").stdout)
+    assert doc["dry_run"] is True and doc["state_now"] == "not-enrolled" and doc["state_after"] == "pending-enroll"
+    assert doc["would_run"][0][:2] == ["mokutil", "--import"] and len(doc["would_run"]) == 1
+    for name, code in {"enrolled-among-lists": "mok-already-enrolled", "moklist-truncated": "secure-boot-unknown",
+                       "no-key": "mok-no-key"}.items():
+        r = cli("--root", str(roots[name][0]), "mok", "enroll", "--dry-run", "--json")
+        assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == code, (name, r.stdout)
+    r = cli("--root", root, "mok", "enroll", "--dry-run", "--wait-at-console", "--console-timeout", "5")
+    assert r.returncode == 2 and "mok-bad-timeout" in r.stderr
+    # cancel: pending -> would run --revoke-import; nothing pending -> says so
+    r = cli("--root", str(roots["pending-enroll"][0]), "mok", "cancel", "--dry-run")
+    assert r.returncode == 0 and "mokutil --revoke-import" in r.stdout and "Nothing was changed" in r.stdout
+    r = cli("--root", root, "mok", "cancel", "--dry-run")
+    assert r.returncode == 0 and "nothing to cancel" in r.stdout.lower() and "revoke" not in r.stdout

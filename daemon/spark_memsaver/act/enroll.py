@@ -255,3 +255,39 @@ def cancel_enrollment(host, config=None, cert: str | None = None) -> dict:
     after = observe(host, cert=cert, config=config)
     return {"cancelled": True, "dropped_entries": v.get("MokNew", {}).get("entries", {}),
             "state_before": before["state"], "state": after["state"]}
+
+
+# --- --dry-run: what `mok enroll` / `mok cancel` would request, from the same refusals; nothing written -------
+
+_DRY_NOTE_ROOT = ("--root inspects an image: the real run refuses there (it writes the running machine's firmware "
+                  "variables)")
+
+
+def plan_enrollment(host, config, cert: str | None = None, wait_at_console: bool = False,
+                    console_timeout: int | None = None) -> dict:
+    """What ``request_enrollment`` would ask mokutil for: the same option check and state refusals (named
+    errors), then the commands; no password is read, mokutil is not called, no record is written."""
+    check_console_timeout(wait_at_console, console_timeout)
+    before = observe(host, cert=cert, config=config)
+    _refuse_for(before)
+    c = before.get("certificate") or {}
+    would = [["mokutil", "--import", f"<DER copy of {c.get('path')}>", "--hash-file",
+              "<one-time hash of the password you will type>"]]
+    if wait_at_console or console_timeout is not None:
+        would.append(["mokutil", "--timeout", "-1" if wait_at_console else str(console_timeout)])
+    return {"dry_run": True, "requested": False, "certificate": c, "would_run": would,
+            "state_now": before["state"], "state_after": "pending-enroll",
+            "console_timeout": None if wait_at_console else (console_timeout or 10),
+            "notes": [] if host.is_live else [_DRY_NOTE_ROOT]}
+
+
+def plan_cancel(host, config=None, cert: str | None = None) -> dict:
+    """What ``cancel_enrollment`` would do: ``mokutil --revoke-import`` when a request is pending, else nothing."""
+    before = observe(host, cert=cert, config=config)
+    v = before.get("variables", {})
+    pending = bool(v.get("MokNew", {}).get("present")) or bool(v.get("MokAuth", {}).get("present"))
+    return {"dry_run": True, "cancelled": False, "pending": pending, "state": before["state"],
+            "would_run": [["mokutil", "--revoke-import"]] if pending else [],
+            "would_drop": v.get("MokNew", {}).get("entries", {}) if pending else {},
+            "message": "" if pending else "no enrollment request is pending",
+            "notes": [] if host.is_live or not pending else [_DRY_NOTE_ROOT]}

@@ -8,10 +8,36 @@ import os
 import stat
 import sys
 from spark_memsaver.act.enroll import (_refuse_for, _require_live_root, cancel_enrollment, check_console_timeout,
-                                       request_enrollment)
+                                       plan_cancel, plan_enrollment, request_enrollment)
 from spark_memsaver.decide.mok import exit_code
 from spark_memsaver.observe.mok import observe
 from spark_memsaver.report.mok import render_text
+
+
+def _argv_text(argv: list) -> str:
+    return " ".join(argv)
+
+
+def _dry_enroll_text(plan: dict) -> list[str]:
+    c = plan["certificate"]
+    out = [f"Dry run: would request enrollment of {c.get('subject')}", f"  sha256 {c.get('sha256')}",
+           f"  sha1   {c.get('sha1')} (MokManager's 'View key' shows this one)", "would run:"]
+    out += [f"  {_argv_text(a)}" for a in plan["would_run"]]
+    out += [f"then 'spark-memsaver mok status' would show {plan['state_after']} (now: {plan['state_now']}), and the "
+            "console steps at the next boot."]
+    out += [f"note: {n}" for n in plan["notes"]]
+    out.append("Nothing was changed: no password was asked and mokutil was not called.")
+    return out
+
+
+def _dry_cancel_text(plan: dict) -> list[str]:
+    if not plan["pending"]:
+        return [f"Dry run: nothing to cancel: {plan['message']}; mokutil would not be called."]
+    out = ["Dry run: would drop the pending enrollment request (MokNew, MokAuth)", "would run:"]
+    out += [f"  {_argv_text(a)}" for a in plan["would_run"]]
+    out += [f"note: {n}" for n in plan["notes"]]
+    out.append("Nothing was changed: mokutil was not called.")
+    return out
 
 
 def _read_password(password_file: str | None, password_stdin: bool) -> str:
@@ -70,14 +96,21 @@ def register(cli) -> None:
     @click.option("--console-timeout", type=int, default=None, metavar="SECONDS",
                   help="Also run 'mokutil --timeout SECONDS' (1..32767): MokManager counts down this long before it "
                        "boots on without enrolling (default: shim's 10 s).")
+    @click.option("--dry-run", is_flag=True, help="Print what would be requested (the mokutil commands, the "
+                  "certificate's fingerprints); ask no password, call no mokutil, change nothing.")
     @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
     @click.pass_obj
-    def enroll_cmd(obj, cert, password_file, password_stdin, wait_at_console, console_timeout, as_json):
+    def enroll_cmd(obj, cert, password_file, password_stdin, wait_at_console, console_timeout, dry_run, as_json):
         """Request enrollment of the signing key at the next boot (mokutil --import).
 
-        Exit status: 0 requested; 1 refused (not needed, no key, already enrolled/pending, blocked, unknown);
-        2 bad usage or password; 3 mokutil failed."""
+        Exit status: 0 requested (or, with --dry-run, would be); 1 refused (not needed, no key, already
+        enrolled/pending, blocked, unknown); 2 bad usage or password; 3 mokutil failed."""
         config = None if cert else obj.config
+        if dry_run:                    # the same refusals as the real run, then what it would ask mokutil for
+            plan = plan_enrollment(obj.host, config, cert=cert, wait_at_console=wait_at_console,
+                                   console_timeout=console_timeout)
+            click.echo(json.dumps(plan, indent=2) if as_json else "\n".join(_dry_enroll_text(plan)))
+            return 0
         check_console_timeout(wait_at_console, console_timeout)
         before = observe(obj.host, cert=cert, config=config)
         _refuse_for(before)                      # refuse before asking for a password
@@ -103,12 +136,19 @@ def register(cli) -> None:
 
     @mok_group.command("cancel")
     @cert_opt
+    @click.option("--dry-run", is_flag=True, help="Print whether a request is pending and the mokutil command "
+                  "that would drop it; call no mokutil, change nothing.")
     @click.option("--json", "as_json", is_flag=True, help="Print the result (or the error) as JSON.")
     @click.pass_obj
-    def cancel_cmd(obj, cert, as_json):
+    def cancel_cmd(obj, cert, dry_run, as_json):
         """Drop the pending enrollment request (mokutil --revoke-import).
 
-        Exit status: 0 cancelled or nothing pending; 1 refused; 3 mokutil failed."""
+        Exit status: 0 cancelled or nothing pending (or, with --dry-run, would be); 1 refused; 3 mokutil
+        failed."""
+        if dry_run:
+            plan = plan_cancel(obj.host, None if cert else obj.config, cert)
+            click.echo(json.dumps(plan, indent=2) if as_json else "\n".join(_dry_cancel_text(plan)))
+            return 0
         res = cancel_enrollment(obj.host, None if cert else obj.config, cert)
         if as_json:
             click.echo(json.dumps(res, indent=2))

@@ -238,9 +238,16 @@ def _matches(cert: ev.Certificate, var: Var) -> bool:
     return False
 
 
+# The next step when a firmware variable cannot be read (the reason names which and why). Not 'run mok status':
+# this is what mok status prints.
+EFIVARS_REMEDY = ("Check that efivarfs is mounted and readable by root (if it is not mounted: 'sudo mount -t "
+                  "efivarfs efivarfs /sys/firmware/efi/efivars'); if it is and the variable named above is "
+                  "malformed, check the Secure Boot settings in the firmware's setup menu or update the firmware.")
+
+
 def _unknown(reason: str, remedy: str | None = None) -> Decision:
     return Decision("unknown", reason, "Installing is refused until the state can be read. " +
-                    (remedy or SecureBootUnknown.remedy))
+                    (remedy or EFIVARS_REMEDY))
 
 
 def _request_from_earlier_boot(c: CertInfo, request: dict | None, boot_id: str | None) -> dict | None:

@@ -15,7 +15,10 @@ def render_text(sb: dict) -> str:
              ("Validation disabled", {True: "yes (MokSBStateRT)", False: "no", None: "n/a"}[sb["validation_disabled"]]),
              ("Certificate", f"{c.get('path')} ({c.get('origin')}" + ("" if c.get("present") else ", missing") + ")")]
     if c.get("sha256"):
-        rows += [("  subject", c["subject"]), ("  sha256", c["sha256"]), ("  not after", c["not_after"])]
+        rows += [("  subject", c["subject"]), ("  sha256", c["sha256"])]
+        if c.get("sha1"):
+            rows.append(("  sha1", f"{c['sha1']} (MokManager's 'View key' shows this one)"))
+        rows.append(("  not after", c["not_after"]))
     if sb.get("where"):
         rows.append(("Found in", ", ".join(sb["where"])))
     if k:
