@@ -5,9 +5,11 @@
 * :func:`require` -- ``install --kernel K`` (and ``build``, Secure Boot aside) refuses before anything is written with the code and remedy that
   ``status`` shows for the same missing piece (the named error class of that code); when the driver's source
   can be fetched (decide: ``needs_fetch``) it is fetched first (act/source_fetch.py).
+* :func:`status` -- the status document (report/document.status) over the same facts.
 * :func:`check_kernel` -- the one ``unknown-kernel`` refusal (exit 2) of every command that names a kernel.
 
-Called only from act/executor.py (under its lock); reads only, except the fetch.
+Called from act/executor.py (under its lock) and, for :func:`status`, from the status readers (cli, the
+daemon's status process); reads only, except the fetch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ def observe(host: Host, config: Config) -> tuple[dict, dict]:
     from spark_memsaver.act import executor, steps as st
     snap = executor.observe_for_plan(host, config)
     return snap, st.support_for(executor._versions_in(snap), st.source_trees(host, snap))
+
+
+def status(host: Host, config: Config) -> tuple:
+    """(document, verdict) of ``status``: report/document.status over :func:`observe`'s facts."""
+    from spark_memsaver.report import document
+    return document.status(host, config, *observe(host, config))
 
 
 def _classes() -> dict:

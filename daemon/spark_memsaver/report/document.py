@@ -84,11 +84,10 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
     }
 
 
-def status(host: Host, config: Config) -> tuple[dict, Verdict]:
-    # the planner's snapshot and manifest verdict (act/installable.observe): status, install and reconcile
-    # decide installability from the same facts (decide/installability.py)
-    from spark_memsaver.act import installable
-    snap, support = installable.observe(host, config)
+def status(host: Host, config: Config, snap: dict, support: dict) -> tuple[dict, Verdict]:
+    """The document and its verdict from the planner's snapshot and manifest verdict, which the caller gathers
+    (act/installable.status): status, install and reconcile decide installability from the same facts
+    (decide/installability.py). report/ imports nothing of act/."""
     snap["identity"] = node_identity(host)
     verdict = evaluate(snap, config, support)
     doc = build_document(snap, verdict, config)

@@ -50,7 +50,7 @@ def child(root: str, config_path: str | None, fallback: dict | None) -> dict:
         out["config_error"] = error_dict(e)
         c = _config_from(fallback)
     try:
-        from spark_memsaver.report.document import status
+        from spark_memsaver.act.installable import status
         out["doc"], _verdict = status(Host(root), c)
     except MemsaverError as e:
         out["error"] = error_dict(e)
