@@ -358,7 +358,10 @@ def test_report_outcomes_and_exit_codes():
     r = report_with([V.check("cuda", V.NA, "no CUDA device")], {"event": "not-applicable", "reason": "no CUDA device"})
     assert (r["outcome"], r["exit_code"]) == ("not-applicable", 4)
     r = report_with([], {"event": "refused", "reason": "only 100 MiB may be used"})
-    assert (r["outcome"], r["exit_code"]) == ("refused", 2)
+    # a refusal is 1, as in the CLI's one exit table (exitcodes.py); 2 is bad usage only
+    from spark_memsaver import exitcodes
+    assert (r["outcome"], r["exit_code"]) == ("refused", exitcodes.EXIT_PROBLEM) == ("refused", 1)
+    assert V.HeadroomRefused.exit_code == exitcodes.EXIT_PROBLEM
     assert report_with([])["outcome"] == "failed"          # nothing ran is not a pass
     assert json.loads(json.dumps(r)) == r
     assert r["started_at"] == "1970-01-01T00:00:00Z"

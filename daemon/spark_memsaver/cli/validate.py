@@ -23,7 +23,7 @@ def register(cli) -> None:
     def validate_cmd(obj, max_gib, duration, threads, as_json, report_path):
         """Qualify this node's nvidia-uvm with real GPU work (CUDA driver API) and keep the evidence.
 
-        Exit status: 0 passed, 1 failed, 2 bad usage or refused (too little free memory),
+        Exit status: 0 passed, 1 failed or refused (too little free memory), 2 bad usage,
         4 not applicable (no libcuda / no GPU).
         """
         rep = validate(obj.host, max_gib, duration, threads, report_path)

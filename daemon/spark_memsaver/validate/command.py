@@ -24,8 +24,9 @@ allocation touched in a few 2 MiB windows only; it is made only when 25 % of fre
 
 Exit codes (also in docs/validate.md):
   0  passed: every check passed (packing checks may be "not-applicable" on a stock module)
-  1  failed: a data check, a packing check or the kernel-log scan failed, or the worker broke or hung
-  2  bad usage (out-of-range option), or refused: not enough free memory to keep the headroom
+  1  failed: a data check, a packing check or the kernel-log scan failed, or the worker broke or hung; or
+     refused: not enough free memory to keep the headroom (a refusal is 1 in every command: exitcodes.py)
+  2  bad usage (out-of-range option, --root)
   4  not applicable: no libcuda.so.1, no CUDA device, or managed memory unsupported
 
 Runs with the standard library alone (psutil is used when present); click is imported only by ``register``.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, MemsaverError, UsageError
+from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, MemsaverError, UsageError
 from spark_memsaver.host import paths
 
 KIB, MIB, GIB = 1024, 1024 ** 2, 1024 ** 3
@@ -34,7 +34,7 @@ REPORT_PATH_ENV = "SPARK_MEMSAVER_VALIDATE_REPORT"  # another path for root's co
 SCHEMA = 1
 
 PASSED, FAILED, REFUSED, NOT_APPLICABLE = "passed", "failed", "refused", "not-applicable"
-EXIT_FOR_OUTCOME = {PASSED: EXIT_OK, FAILED: EXIT_PROBLEM, REFUSED: EXIT_USAGE, NOT_APPLICABLE: EXIT_NOT_APPLICABLE}
+EXIT_FOR_OUTCOME = {PASSED: EXIT_OK, FAILED: EXIT_PROBLEM, REFUSED: EXIT_PROBLEM, NOT_APPLICABLE: EXIT_NOT_APPLICABLE}
 
 PASS, FAIL, SKIP, NA = "pass", "fail", "skip", "not-applicable"
 STOCK_REASON = "stock module: counters absent"
@@ -52,7 +52,7 @@ class ValidateUsage(UsageError):
 
 class HeadroomRefused(MemsaverError):
     code = "validate-headroom"
-    exit_code = EXIT_USAGE
+    exit_code = EXIT_PROBLEM        # a refusal, as in the CLI's exit table (exitcodes.py)
     remedy = "Stop other GPU work or lower --max-gib, then run it again."
 
 
