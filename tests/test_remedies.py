@@ -214,7 +214,7 @@ def test_the_builder():
 def test_every_known_hazards_remedy_names_a_runnable_command():
     """uvm_patch/hazards.yaml: each hazard's remedies (joined into its finding's remedy) name a command the
     reader can run (the #1269 remedy said 'stay on the 580 branch' and named none)."""
-    from spark_memsaver.decide.hazard_table import load_hazards
+    from spark_memsaver.hazard_table import load_hazards
     hazards = load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())
     assert hazards
     for h in hazards:

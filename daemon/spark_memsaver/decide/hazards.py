@@ -19,7 +19,7 @@ exception. A text this reader cannot read at all (past its limits: nesting, size
 the check itself) is not the file's answer: the version rule decides, and an info finding
 (``hazard-check-failed``: "hazard check could not read nv-linux.h: ...") says so.
 
-The table's format and loader are in decide/hazard_table.py; every public name is importable from here.
+The table's format and loader are in hazard_table.py (a leaf: observe/ reads it too); every public name is importable from here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import dataclasses
 
 from spark_memsaver.decide.c_expr import CEvalError, CLimitError
 from spark_memsaver.decide.c_macros import ARM64_PAGE_SIZES, kib as _kib, macro_value
-from spark_memsaver.decide.hazard_table import (
+from spark_memsaver.hazard_table import (
     ARCH_ALIASES as _ARCH_ALIASES, FORMAT, Hazard, HazardsInvalid, Signature, load_hazards, parse_version)
 
 __all__ = ["AFFECTED", "ARM64_PAGE_SIZES", "Assessment", "CEvalError", "ContentVerdict", "FORMAT", "Hazard",

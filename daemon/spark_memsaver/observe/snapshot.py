@@ -280,7 +280,7 @@ def observe_records(host: Host) -> dict:
             "last_validation": got["validate"], "unreadable": [], "quarantined": got["quarantined"]}
 
 
-# --- known driver hazards (decided in decide/hazards.py) ------------------------------------------
+# --- known driver hazards (decided in decide/hazards.py; the table's format: hazard_table.py) ------------------------------------------
 
 HAZARDS_FILE = "hazards.yaml"
 _HAZARD_TEXT_MAX = 2 << 20      # decide/c_macros.py reads no more
@@ -307,7 +307,7 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
     """The inputs of decide/hazards.py: the table, the driver version in effect (loaded nvidia, else the
     running kernel's nvidia.ko), the running kernel's arch and page size, and, when that driver's source is
     in /usr/src, the text of the files the table's signatures name (read through the root prefix)."""
-    from spark_memsaver.decide.hazards import HazardsInvalid, load_hazards
+    from spark_memsaver.hazard_table import HazardsInvalid, load_hazards
     h = h if h is not None else observe_host(host)
     driver = driver if driver is not None else observe_driver(host)
     table = _hazards_table()

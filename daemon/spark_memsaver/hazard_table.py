@@ -1,7 +1,9 @@
 """The known-hazards table (uvm_patch/hazards.yaml): its format, parsed and checked from text.
 
-Pure: the caller passes the table's text (observe/snapshot.py reads the file). Any defect is the named
-``HazardsInvalid`` with a remedy. Assessment lives in decide/hazards.py, which re-exports these names.
+Pure: the caller passes the table's text (observe/snapshot.py reads the file, and the files the signatures
+name). Any defect is the named ``HazardsInvalid`` with a remedy. A leaf (layer 0) so that observe/ and decide/
+both read the format without importing each other; assessment lives in decide/hazards.py, which re-exports these
+names.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import dataclasses
 import functools
 import re
 
-from spark_memsaver.decide.c_macros import ARM64_PAGE_SIZES
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 
 FORMAT = 1
+ARM64_PAGE_SIZES = (4096, 16384, 65536)     # the page sizes an arm64 kernel can have (decide/c_macros.py too)
 
 ARCH_ALIASES = {"aarch64": "aarch64", "arm64": "aarch64", "x86_64": "x86_64", "amd64": "x86_64",
                  "ppc64le": "ppc64le", "ppc64el": "ppc64le", "riscv64": "riscv64"}
