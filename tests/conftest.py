@@ -64,10 +64,11 @@ def pytest_sessionstart(session):
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("slow") is not None:
+    heavy = sorted(m for m in needs.HEAVY_MARKS if item.get_closest_marker(m) is not None)
+    if heavy:
         spent = needs.slow_budget_spent()
         if spent:
-            needs.beyond_ci("slow test", spent)
+            needs.beyond_ci(f"{'/'.join(heavy)} test", spent)
     for mark in item.iter_markers("needs"):
         needs.require(*mark.args)
     for mark in item.iter_markers("needs_modules"):

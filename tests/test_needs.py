@@ -133,12 +133,16 @@ def test_slow_tests_past_the_budget_are_skipped_even_under_tools_test(tmp_path):
         @pytest.mark.slow
         def test_slow():
             pass
+
+        @pytest.mark.kernel
+        def test_vm():
+            pass
     """))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
     env[needs.STRICT_ENV] = "1"
     argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
-            "-o", "markers=slow", "--rootdir", str(tmp_path), str(tmp_path / "test_budget.py")]
-    for budget, expect in (("0", "1 passed, 1 skipped"), ("3600", "2 passed")):
+            "-o", "markers=slow\nkernel", "--rootdir", str(tmp_path), str(tmp_path / "test_budget.py")]
+    for budget, expect in (("0", "1 passed, 2 skipped"), ("3600", "3 passed")):
         env[needs.SLOW_BUDGET_ENV] = budget
         r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
         assert expect in r.stdout, r.stdout

@@ -86,6 +86,8 @@ def not_applicable(why: str) -> None:
 
 
 SLOW_BUDGET_ENV = "SPARK_MEMSAVER_TEST_SLOW_BUDGET_S"
+# the markers of tests that take minutes (builds, containers, VMs): none starts once the budget is spent
+HEAVY_MARKS = ("slow", "kernel", "compile", "dkms", "package")
 _STARTED = time.monotonic()
 
 
@@ -96,7 +98,7 @@ def session_started() -> None:
 
 
 def slow_budget_spent(now: float | None = None) -> str | None:
-    """Why a ``slow`` test must not start: ``$SPARK_MEMSAVER_TEST_SLOW_BUDGET_S`` (set by .ci/run: CI has a
+    """Why a heavy test (``HEAVY_MARKS``) must not start: ``$SPARK_MEMSAVER_TEST_SLOW_BUDGET_S`` (set by .ci/run: CI has a
     wall-clock limit the whole run must stay under) seconds have passed since the session started. None when
     no budget is set or it is not spent. A bad value is a usage error, not "no budget"."""
     raw = os.environ.get(SLOW_BUDGET_ENV, "").strip()
@@ -110,7 +112,7 @@ def slow_budget_spent(now: float | None = None) -> str | None:
     if spent < budget:
         return None
     return (f"not started: {spent:.0f} s of this run have passed and {SLOW_BUDGET_ENV}={budget:.0f} s is the "
-            f"budget for starting slow tests (CI's wall-clock limit); run it alone with tools/test -m slow")
+            f"budget for starting heavy tests (CI's wall-clock limit); run it alone with tools/test")
 
 
 def root(why: str) -> None:
