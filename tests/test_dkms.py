@@ -242,9 +242,11 @@ def test_render_into_fixture_root(tmp_path, policy):
 
 def test_policy_64k_only_refuses_x86_headers():
     kernel, _ = nvsrc.x86_headers()
-    with pytest.raises(de.KernelOutsidePolicy):
-        dkms_run.policy_check(Host("/"), Config(kernels="64k-only"), kernel)
-    dkms_run.policy_check(Host("/"), Config(kernels="all"), kernel)
+    from spark_memsaver.decide import policy
+    k = policy.kernel_of(kernel, dkms_run.kernel_config(Host("/"), kernel))     # the build preflight's reading
+    v = policy.verdict(k, Config(kernels="64k-only"))
+    assert not v.ok and v.rule == "page-size"
+    assert policy.verdict(k, Config(kernels="all")).ok
 
 
 # ------------------------------------------------------------------------------------------------

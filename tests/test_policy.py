@@ -68,6 +68,29 @@ def test_planner_verdict(kpol, text, page, arch, builds):
     assert ok is builds and (ok or why)
     if "PREEMPT_RT=y" in text:
         assert "PREEMPT_RT" in why
+    v = policy.verdict(_kernel(text, page), cfg)
+    assert (v.ok, v.why) == (ok, why) and v.rule == ("" if ok else "preempt-rt" if "PREEMPT_RT=y" in text
+                                                      else "page-size")
+
+
+def test_the_build_preflight_reads_the_same_verdict_and_the_remedy_follows_its_rule():
+    """The DKMS engines' preflight (act/build._preflight, act/override's install targets) asks
+    decide/policy.verdict over the kernel's configuration alone; installability's remedy follows the verdict's
+    rule, not its message text."""
+    from spark_memsaver.decide import installability
+    unreadable = policy.kernel_of("6.8.0-x", None)
+    v = policy.verdict(unreadable, Config(kernels="64k-only"))
+    assert not v.ok and v.rule == "config-unreadable" and "configuration cannot be read" in v.why
+    assert policy.verdict(unreadable, Config(kernels="all")).ok
+    assert policy.verdict(policy.kernel_of("6.8.0-x", {"CONFIG_ARM64": "y", "CONFIG_ARM64_64K_PAGES": "y"}),
+                          Config(kernels="64k-only")).ok
+    rt = policy.verdict(policy.kernel_of("6.8.0-rt", {"CONFIG_ARM64": "y", "CONFIG_ARM64_64K_PAGES": "y",
+                                                      "CONFIG_PREEMPT_RT": "y"}), Config(kernels="64k-only"))
+    assert rt.rule == "preempt-rt" and "boot a kernel without PREEMPT_RT" in installability.policy_remedy(
+        Config(kernels="64k-only"), rt)
+    # the message text no longer steers the remedy: a page-size refusal that names PREEMPT_RT stays page-size's
+    odd = policy.PolicyVerdict(False, "kernel PREEMPT_RT-named has 4 KiB pages", "page-size")
+    assert "PREEMPT_RT" not in installability.policy_remedy(Config(kernels="64k-only"), odd)
 
 
 def _dkms_excludes(tmp_path, kpol, text, arch) -> bool:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 
 from spark_memsaver.act import signing as sig
+from spark_memsaver.decide import policy
 from spark_memsaver.host import Host
-from spark_memsaver.act.dkms_run import BUILD_TIMEOUT, LOG_DIR, PATCH_ID, _dkms, _modinfo_path, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, dkms_version, find_driver_source, kotool, policy_check, running_kernel, selected
-from spark_memsaver.act.dkms_errors import BuiltModuleMissing, DriverMismatch, DriverSourceCorrupt, HeadersMissing, NoNvidiaDriver, VerificationFailed
+from spark_memsaver.act.dkms_run import BUILD_TIMEOUT, LOG_DIR, PATCH_ID, _dkms, _modinfo_path, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, dkms_version, find_driver_source, kernel_config, kotool, running_kernel, selected
+from spark_memsaver.act.dkms_errors import BuiltModuleMissing, DriverMismatch, DriverSourceCorrupt, HeadersMissing, KernelOutsidePolicy, NoNvidiaDriver, VerificationFailed
 from spark_memsaver.observe.dkms import DKMS_TREE, MODULE, PACKAGE, SRC_ROOT, _arch_dirs, built_module, dkms_version_string, installed_version, kernels_of
 from spark_memsaver.act.render import _forget_registration, recover_broken, render
 
@@ -24,7 +25,9 @@ def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> d
     if not host.exists(f"/lib/modules/{kernel}/build/Makefile"):
         raise HeadersMissing(f"kernel headers for {kernel} are not installed (/lib/modules/{kernel}/build)",
                              remedy=f"sudo apt-get install linux-headers-{kernel}", kernel=kernel)
-    policy_check(host, config, kernel)
+    pv = policy.verdict(policy.kernel_of(kernel, kernel_config(host, kernel)), config)   # the one policy
+    if not pv.ok:
+        raise KernelOutsidePolicy(pv.why, kernel=kernel)         # the why names the kernel
     nv = selected(host, kernel, "nvidia", digest=False)
     if nv is None or not nv.get("version"):
         raise NoNvidiaDriver(f"no nvidia.ko is installed for kernel {kernel}", kernel=kernel)

@@ -17,7 +17,7 @@ from spark_memsaver.host import fsutil
 from spark_memsaver.host.fsutil import sha256_file
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEPMOD_FILE, DKMS_TREE, FORCE_FILE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, installed_path, installed_version
-from spark_memsaver.act.dkms_errors import DKMS_EXIT_ERRORS, DkmsConfInvalid, DkmsError, DkmsMissing, DriverSourceCorrupt, DriverSourceMissing, HeadersMissing, KernelOutsidePolicy
+from spark_memsaver.act.dkms_errors import DKMS_EXIT_ERRORS, DkmsConfInvalid, DkmsError, DkmsMissing, DriverSourceCorrupt, DriverSourceMissing, HeadersMissing
 from spark_memsaver.host import paths
 
 
@@ -121,22 +121,6 @@ def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | 
 def kernel_config(host: Host, kernel: str) -> dict:
     from spark_memsaver.observe.snapshot import kernel_config as kc
     return kc(host, kernel)
-
-
-def policy_check(host: Host, config, kernel: str) -> None:
-    """The ONE kernel policy (decide/policy.py), applied to the kernel's real configuration: the same verdict
-    the planner and the rendered dkms.conf's BUILD_EXCLUSIVE give (a PREEMPT_RT kernel is refused here with
-    the policy's reason instead of being skipped by DKMS)."""
-    from spark_memsaver.decide import policy
-
-    cfg = kernel_config(host, kernel)
-    if config.kernels == "64k-only" and not cfg:
-        raise KernelOutsidePolicy(f"kernel {kernel} is a kernel whose configuration cannot be read; policy "
-                                  "'kernels: 64k-only' builds only for arm64 kernels with CONFIG_ARM64_64K_PAGES",
-                                  kernel=kernel)
-    ok, why = policy.kernel_in_policy(dict({"release": kernel}, **policy.kernel_facts(cfg)), config)
-    if not ok:
-        raise KernelOutsidePolicy(f"kernel {kernel}: {why}", kernel=kernel)
 
 
 def source_candidates(driver: str) -> list[str]:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 
 from spark_memsaver.act import signing as sig
+from spark_memsaver.decide import policy
 from spark_memsaver.errors import MemsaverError, SecureBootUnknown
 from spark_memsaver.host import Host
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
-from spark_memsaver.act.dkms_errors import InstallRefused, KernelOutsidePolicy, NothingToDo, StockNotRestored, VerificationFailed
-from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _read_json, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kotool, policy_check, refresh_initramfs, running_kernel, selected, sha256
+from spark_memsaver.act.dkms_errors import InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
+from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _read_json, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
 
@@ -107,10 +108,9 @@ def _target_kernels(host: Host, config, kernel: str | None, all_kernels: bool, f
         if not host.exists(f"/lib/modules/{k}/build/Makefile"):
             why = "headers not installed"
         else:
-            try:
-                policy_check(host, config, k)
-            except KernelOutsidePolicy as e:
-                why = e.message
+            pv = policy.verdict(policy.kernel_of(k, kernel_config(host, k)), config)   # the one policy
+            if not pv.ok:
+                why = pv.why
         if why is None and selected(host, k, "nvidia", digest=False) is None:
             why = "no nvidia.ko"
         (skipped.append({"kernel": k, "reason": why}) if why else ks.append(k))

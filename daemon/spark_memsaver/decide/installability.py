@@ -17,7 +17,7 @@ with the same code and remedy as status) and through them by ``reconcile`` and t
 Checked in this order (each ``what`` with its stable ``code``, the same code the refusal carries):
   kernel         unknown-kernel          no /lib/modules/K (only this one is reported then)
   driver         nvidia-ko-missing       no nvidia.ko for K, so no driver version to build against
-  kernel-policy  kernel-outside-policy   decide/policy.py (64k-only, PREEMPT_RT)
+  kernel-policy  kernel-outside-policy   decide/policy.verdict (64k-only, PREEMPT_RT)
   manifest       driver-unsupported      the driver is not in this release's patch manifest ("untested"
                                          drivers are installable: the zero-fuzz dry run decides at build time)
   driver-source  driver-source-missing / driver-source-corrupt: no open tree of exactly that version, and
@@ -114,8 +114,9 @@ def _known_driver(snap: dict) -> str | None:
     return srcs[0].get("version") if srcs else None
 
 
-def policy_remedy(config, why: str) -> str:
-    if "PREEMPT_RT" in why:
+def policy_remedy(config, verdict) -> str:
+    """The remedy of a policy refusal (decide/policy.verdict), by the rule that refused."""
+    if verdict.rule == "preempt-rt":
         return ("Nothing is broken: the stock nvidia-uvm stays in use on this kernel. NVIDIA's modules do not "
                 "build for PREEMPT_RT; boot a kernel without PREEMPT_RT to use packing.")
     if getattr(config, "kernels", "64k-only") == "64k-only":
@@ -164,7 +165,7 @@ def _source(snap: dict, config, drv: str) -> tuple[dict | None, dict | None]:
 
 def installability(snap: dict, config, support: dict | None, kernel_release: str) -> dict:
     """Can ``kernel_release`` get our module now (see the module docstring)."""
-    from spark_memsaver.decide.policy import kernel_in_policy
+    from spark_memsaver.decide import policy
     out = {"kernel": kernel_release, "can_install": False, "needs_fetch": False, "driver": None,
            "qualification": None, "fetch": None, "missing": [], "then": []}
     kernels = {k.get("release"): k for k in snap.get("kernels", [])}
@@ -183,9 +184,9 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
         err = f" (the selection cannot be read: {nvsel['error']})" if nvsel.get("error") else ""
         miss.append(_missing("driver", f"no nvidia.ko is installed for kernel {kernel_release}{err}, so there is "
                              "no driver to build against", _driver_remedy(snap, kernel_release, _known_driver(snap))))
-    ok, why = kernel_in_policy(k, config)
-    if not ok:
-        miss.append(_missing("kernel-policy", why, policy_remedy(config, why)))
+    pv = policy.verdict(k, config)
+    if not pv.ok:
+        miss.append(_missing("kernel-policy", pv.why, policy_remedy(config, pv)))
     if drv:
         # support None: the manifest was not consulted (a caller without it); the other checks still apply
         sup = {"supported": True} if support is None else (

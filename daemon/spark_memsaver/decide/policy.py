@@ -19,6 +19,8 @@ Tier vocabulary (config ``tier``) -> the module's ``uvm_pt_pack`` value (uvm_pat
 
 from __future__ import annotations
 
+import dataclasses
+
 from spark_memsaver.errors import ConfigError
 
 # --- tiers and policy names: spark_memsaver/vocabulary.py (a leaf, so config.py need not import decide/) ---
@@ -57,13 +59,28 @@ def _arch(kc: dict) -> str | None:
     return None
 
 
-def kernel_in_policy(kernel: dict, config) -> tuple[bool, str]:
+@dataclasses.dataclass(frozen=True)
+class PolicyVerdict:
+    """Whether our policy builds for a kernel: ``ok``, and when not, ``why`` (one sentence naming the kernel)
+    and ``rule`` -- which rule refused: ``preempt-rt``, ``page-size`` or ``config-unreadable``."""
+    ok: bool
+    why: str = ""
+    rule: str = ""
+
+
+def kernel_of(release: str, kconfig: dict | None) -> dict:
+    """A kernel as :func:`verdict` reads it, from its release and its configuration (None: unreadable)."""
+    return {"release": release, **kernel_facts(kconfig)}
+
+
+def verdict(kernel: dict, config) -> PolicyVerdict:
     """Whether our policy builds for this kernel, and why not.
 
     ``kernel`` is a snapshot kernel: ``release``, ``page_size`` and, when observed, ``kconfig`` (the
     :data:`SYMBOLS` of its configuration, ``None`` when unreadable) or ``preempt_rt``. With ``kconfig`` the
     rules are evaluated exactly as DKMS evaluates BUILD_EXCLUSIVE (an unreadable config leaves the CONFIG
-    terms unchecked, as DKMS does without a .config)."""
+    terms unchecked, as DKMS does without a .config). A kernel known only by its configuration (:func:`kernel_of`,
+    the DKMS engines' preflight) whose configuration cannot be read is refused by 64k-only with that reason."""
     policy = getattr(config, "kernels", "64k-only")
     rel = kernel.get("release", "?")
     kc = kernel.get("kconfig")
@@ -71,22 +88,35 @@ def kernel_in_policy(kernel: dict, config) -> tuple[bool, str]:
     if kc is not None:
         rt = kc.get("CONFIG_PREEMPT_RT") in ("y", "m")
     if rt:
-        return False, (f"kernel {rel} is a PREEMPT_RT kernel; NVIDIA's kernel modules do not build for "
-                       "PREEMPT_RT, so spark-memsaver leaves it stock (policy 'kernels: " + policy + "')")
+        return PolicyVerdict(False, f"kernel {rel} is a PREEMPT_RT kernel; NVIDIA's kernel modules do not build "
+                             "for PREEMPT_RT, so spark-memsaver leaves it stock (policy 'kernels: " + policy + "')",
+                             "preempt-rt")
     if policy == "all":
-        return True, ""
+        return PolicyVerdict(True)
     ps = kernel.get("page_size")
     if kc is not None:
         arch = _arch(kc)
         if arch == "aarch64" and kc.get("CONFIG_ARM64_64K_PAGES") in ("y", "m"):
-            return True, ""
+            return PolicyVerdict(True)
         what = ("is an arm64 kernel without 64 KiB pages" if arch == "aarch64"
                 else f"has {ps // 1024} KiB pages" if ps else "is not an arm64 64 KiB kernel")
-        return False, (f"kernel {rel} {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels")
+        return PolicyVerdict(False, f"kernel {rel} {what}; policy 'kernels: 64k-only' builds only for 64 KiB "
+                             "kernels", "page-size")
     if ps == 65536:
-        return True, ""
+        return PolicyVerdict(True)
+    if "kconfig" in kernel and "page_size" not in kernel:     # known by its (unreadable) configuration only
+        return PolicyVerdict(False, f"kernel {rel} is a kernel whose configuration cannot be read; policy "
+                             "'kernels: 64k-only' builds only for arm64 kernels with CONFIG_ARM64_64K_PAGES",
+                             "config-unreadable")
     what = f"{ps // 1024} KiB pages" if ps else "an unknown page size"
-    return False, f"kernel {rel} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB kernels"
+    return PolicyVerdict(False, f"kernel {rel} has {what}; policy 'kernels: 64k-only' builds only for 64 KiB "
+                         "kernels", "page-size")
+
+
+def kernel_in_policy(kernel: dict, config) -> tuple[bool, str]:
+    """:func:`verdict` as (ok, why)."""
+    v = verdict(kernel, config)
+    return v.ok, v.why
 
 
 # --- what a build was made with (recorded with it; compared by reconcile) -----------------------

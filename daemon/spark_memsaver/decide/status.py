@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from spark_memsaver.config import Config
 from spark_memsaver.decide import policy
 from spark_memsaver.decide.policy import kernel_in_policy  # noqa: F401  (the one policy; old import path)
+from spark_memsaver.decide.policy import verdict as policy_verdict
 from spark_memsaver.decide.hazards import findings_from_inputs
 from spark_memsaver.decide import hold as holds
 from spark_memsaver.decide import ours
@@ -253,14 +254,14 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     if running is None and decision is not None:
         f.extend(install_findings(decision))
     if running is not None:
-        ok, why = kernel_in_policy(running, config)
-        if not ok and not ours_selected and not (uvm.get("loaded") and ours.is_ours(uvm)):
-            f.append(Finding("kernel-outside-policy", "info", why.capitalize() + ".",
-                             inst_mod.policy_remedy(config, why), running["release"]))
+        pv = policy_verdict(running, config)
+        if not pv.ok and not ours_selected and not (uvm.get("loaded") and ours.is_ours(uvm)):
+            f.append(Finding("kernel-outside-policy", "info", pv.why.capitalize() + ".",
+                             inst_mod.policy_remedy(config, pv), running["release"]))
             if host.get("page_size") != 65536 and config.kernels == "64k-only":
                 return Verdict("needs-attention" if mismatch else "not-applicable", f)
         if not running.get("headers"):
-            f.append(Finding("headers-missing", "warning" if ok else "info",
+            f.append(Finding("headers-missing", "warning" if pv.ok else "info",
                              f"Kernel headers for {running['release']} are not installed; nothing can be built for it.",
                              f"sudo apt-get install linux-headers-{running['release']}", running["release"]))
         if not ours_selected:
