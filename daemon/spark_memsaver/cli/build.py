@@ -102,8 +102,21 @@ def hazard_note_lines(notes: list[dict]) -> list[str]:
     return [ln for n in notes for ln in (f"note: {n['message']}", f"      remedy: {n['remedy']}")]
 
 
+def plan_lines(doc: dict) -> list[str]:
+    """A dry run's plan (act/dryrun.py), in reconcile's step format."""
+    return (["plan (dry run):"] + step_lines(doc["steps"]) + ([] if doc["steps"] else ["  nothing to do"])
+            + [f"  skipped          {s['kernel']:<28} {s['reason']}" for s in doc.get("skipped", [])])
+
+
+def step_lines(steps: list[dict]) -> list[str]:
+    out = []
+    for s in steps:
+        mark = "" if s.get("ok", True) else "  FAILED: " + (s.get("error") or {}).get("message", "")
+        out.append(f"  {s['action']:<16} {s.get('kernel') or '':<28} {s.get('reason', '')}{mark}")
+    return out
+
+
 def _print_plan(doc: dict, as_json: bool) -> int:
-    from spark_memsaver.cli.lifecycle import plan_lines
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
     else:

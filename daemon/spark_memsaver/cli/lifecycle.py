@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from spark_memsaver.act.executor import perform
-from spark_memsaver.cli.build import act
+from spark_memsaver.cli.build import act, plan_lines, step_lines
 
 
 def _emit(doc: dict, as_json: bool, lines: list[str]) -> None:
@@ -23,20 +23,6 @@ def _emit(doc: dict, as_json: bool, lines: list[str]) -> None:
     else:
         for ln in lines:
             click.echo(ln)
-
-
-def plan_lines(doc: dict) -> list[str]:
-    """A dry run's plan (act/dryrun.py), in reconcile's step format."""
-    return (["plan (dry run):"] + _step_lines(doc["steps"]) + ([] if doc["steps"] else ["  nothing to do"])
-            + [f"  skipped          {s['kernel']:<28} {s['reason']}" for s in doc.get("skipped", [])])
-
-
-def _step_lines(steps: list[dict]) -> list[str]:
-    out = []
-    for s in steps:
-        mark = "" if s.get("ok", True) else "  FAILED: " + (s.get("error") or {}).get("message", "")
-        out.append(f"  {s['action']:<16} {s.get('kernel') or '':<28} {s.get('reason', '')}{mark}")
-    return out
 
 
 _PRINTERS: list = []
@@ -149,13 +135,13 @@ def register(root) -> None:
             intents.append_history(obj.host, {"event": "hook", "source": hook, "time": intents.now(),
                                               "acting": doc.get("acting"), "ok": doc.get("ok")})
             shown = [x for x in doc["steps"] if x["action"] in rc.ACTING or x["action"] == "stay-stock"]
-            _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + _step_lines(shown)) if shown else [])
+            _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + step_lines(shown)) if shown else [])
             return 0
         doc = perform("reconcile", obj.host, obj.config, progress=say, kernels=list(kernels) or None,
                       rebuild=False if no_rebuild else None, dry_run=dry_run)
         from spark_memsaver.cli.build import hazard_note_lines, hazard_notes
         doc["notes"] = hazard_notes(obj.host)
-        _emit(doc, as_json, (["plan (dry run):"] if dry_run else ["reconcile:"]) + _step_lines(doc["steps"])
+        _emit(doc, as_json, (["plan (dry run):"] if dry_run else ["reconcile:"]) + step_lines(doc["steps"])
               + ([] if doc["steps"] else ["  nothing to do"]) + hazard_note_lines(doc["notes"]))
         return 0 if doc.get("ok", True) else EXIT_FAILED
 
