@@ -29,8 +29,6 @@ KNOWN_CYCLES: list[set[str]] = [
     # the executor's ops: installable calls back into executor (observe_for_plan); activate and dryrun ask
     # installable; cut: one observe-side gather of every input, steps from a handler table
     {"act.activate", "act.dryrun", "act.executor", "act.installable"},
-    # efi_siglist and x509 share error types both ways
-    {"observe.efi_siglist", "observe.x509"},
 ]
 # Imports against the flow still on main.
 KNOWN_AGAINST: set[str] = {

@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass, field
 
 from spark_memsaver.errors import MemsaverError
+from spark_memsaver.observe.der import DerError, tlv_header
 
 # --- GUIDs -----------------------------------------------------------------------------------------
 
@@ -260,7 +261,7 @@ def parse_signature_lists(data: bytes, name: str = "variable", base_offset: int 
             owner = guid_from_bytes(data[e:e + GUID_SIZE])
             payload = data[e + GUID_SIZE:e + sig_size]
             if type_guid == EFI_CERT_X509:
-                _der_length_check(payload, name, base_offset + e + GUID_SIZE)
+                der_length_check(payload, name, base_offset + e + GUID_SIZE)
             entries.append(SignatureEntry(owner, payload))
             e += sig_size
         out.append(SignatureList(type_guid, header, sig_size, tuple(entries), at))
@@ -286,8 +287,14 @@ def summarize(lists: list[SignatureList]) -> dict:
     return {"lists": len(lists), "entries": counts}
 
 
-
-def _der_length_check(der: bytes, name: str, offset: int) -> None:
-    from spark_memsaver.observe.x509 import der_length_check   # x509 imports this module's errors
-
-    der_length_check(der, name, offset)
+def der_length_check(der: bytes, name: str, offset: int) -> None:
+    """An X.509 entry must be exactly one DER SEQUENCE (the certificate), nothing before or after."""
+    try:
+        tag, hdr, length = tlv_header(der, 0)
+    except DerError as e:
+        raise MalformedSignatureList(name, f"x509 entry is not DER: {e}", offset)
+    if tag != 0x30:
+        raise MalformedSignatureList(name, f"x509 entry starts with tag 0x{tag:02x}, not a DER SEQUENCE", offset)
+    if hdr + length != len(der):
+        raise MalformedSignatureList(name, f"x509 entry holds {len(der)} bytes but its DER encoding is "
+                                           f"{hdr + length} bytes", offset)

@@ -5,37 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spark_memsaver.observe.efi_siglist import EfiFormatError, MalformedCertificate, MalformedSignatureList  # noqa: F401
+from spark_memsaver.observe.der import DerError as _DerError, tlv_header as _tlv_header
+from spark_memsaver.observe.efi_siglist import (EfiFormatError, MalformedCertificate,  # noqa: F401
+                                                MalformedSignatureList, der_length_check)
 
-# --- minimal DER / X.509 ---------------------------------------------------------------------------
-
-class _DerError(Exception):
-    pass
-
-
-def _tlv_header(b: bytes, pos: int) -> tuple[int, int, int]:
-    """(tag, header length, content length) of the TLV at pos; single-byte tags only (all X.509 needs)."""
-    if pos + 2 > len(b):
-        raise _DerError("truncated tag/length")
-    tag = b[pos]
-    if tag & 0x1F == 0x1F:
-        raise _DerError("multi-byte tag")
-    first = b[pos + 1]
-    if first < 0x80:
-        length, hdr = first, 2
-    else:
-        k = first & 0x7F
-        if k == 0:
-            raise _DerError("indefinite length (BER, not DER)")
-        if k > 4:
-            raise _DerError(f"{k}-byte length field")
-        if pos + 2 + k > len(b):
-            raise _DerError("truncated length")
-        length = int.from_bytes(b[pos + 2:pos + 2 + k], "big")
-        hdr = 2 + k
-    if pos + hdr + length > len(b):
-        raise _DerError(f"element of {length} bytes runs past the end")
-    return tag, hdr, length
+# --- minimal DER / X.509 (the TLV header: observe/der.py) ----------------------------------------
 
 
 def _children(b: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -237,16 +211,3 @@ def load_certificate(raw: bytes, name: str = "certificate") -> tuple[Certificate
             raise MalformedCertificate(name, f"PEM block is not valid base64 ({e})")
         return parse_certificate(der, name), "pem"
     return parse_certificate(raw, name), "der"
-
-
-def der_length_check(der: bytes, name: str, offset: int) -> None:
-    """An X.509 entry must be exactly one DER SEQUENCE (the certificate), nothing before or after."""
-    try:
-        tag, hdr, length = _tlv_header(der, 0)
-    except _DerError as e:
-        raise MalformedSignatureList(name, f"x509 entry is not DER: {e}", offset)
-    if tag != 0x30:
-        raise MalformedSignatureList(name, f"x509 entry starts with tag 0x{tag:02x}, not a DER SEQUENCE", offset)
-    if hdr + length != len(der):
-        raise MalformedSignatureList(name, f"x509 entry holds {len(der)} bytes but its DER encoding is "
-                                           f"{hdr + length} bytes", offset)
