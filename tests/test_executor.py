@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver.act import executor, steps
+from spark_memsaver.act import executor, installable, steps
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide.status import evaluate
@@ -98,7 +98,7 @@ def _killed_midway(tmp_path, root, op_code: str) -> None:
 def test_remove_killed_midway_is_finished_by_the_next_perform(tmp_path, spark):
     _killed_midway(tmp_path, spark, "executor.perform('remove', Host(%r), Config(), kernel='" + K + "')")
     assert _intents(spark) == [f"remove-{K}.json"] and _selected(spark).get("patched")
-    snap = executor.observe_for_plan(Host(spark))
+    snap = installable.observe_for_plan(Host(spark))
     assert "operation-interrupted" in [f.code for f in evaluate(snap, Config()).findings]
     doc = executor.perform("reconcile", Host(spark), Config(), rebuild=False)
     assert [s["action"] for s in doc["steps"]][0] == "finish-intent" and doc["steps"][0]["ok"]
@@ -213,14 +213,14 @@ def test_config_change_is_a_finding_with_the_exact_command(spark):
     doc = executor.perform("reconcile", Host(spark), cfg, dry_run=True)
     st = [s for s in doc["steps"] if s.get("code") == "config-changed"]
     assert [s["action"] for s in st] == ["config-changed"] and "tier 4k-all -> leaf" in st[0]["reason"]
-    f = [x for x in evaluate(executor.observe_for_plan(Host(spark)), cfg).findings if x.code == "config-changed"]
+    f = [x for x in evaluate(installable.observe_for_plan(Host(spark)), cfg).findings if x.code == "config-changed"]
     assert len(f) == 1 and f[0].kernel == K
     # build --force runs only as root (never through the daemon): the remedy says sudo, or it would not work
     assert f[0].remedy == (f"sudo spark-memsaver build --kernel {K} --force && "
                            f"sudo spark-memsaver install --kernel {K}")
     # same settings: nothing to say
     _build_record(spark, tier="leaf", tier_value=3, kernels="64k-only")
-    assert not [x for x in evaluate(executor.observe_for_plan(Host(spark)), cfg).findings
+    assert not [x for x in evaluate(installable.observe_for_plan(Host(spark)), cfg).findings
                 if x.code == "config-changed"]
 
 
@@ -234,7 +234,7 @@ def test_config_change_rebuilds_with_auto_build(spark):
     st = [s for s in doc["steps"] if s.get("code") == "config-changed"]
     assert doc["support"]["580.142"]["supported"], doc["support"]
     assert [s["action"] for s in st] == ["build-install"] and "rebuilding" in st[0]["reason"]
-    f = [x for x in evaluate(executor.observe_for_plan(Host(spark)), Config()).findings
+    f = [x for x in evaluate(installable.observe_for_plan(Host(spark)), Config()).findings
          if x.code == "config-changed"]
     assert f and f[0].remedy.endswith("spark-memsaver reconcile")
 
@@ -245,7 +245,7 @@ def test_build_of_0_1_0_is_compared_through_its_dkms_tree(spark):
     meta.parent.mkdir(parents=True)
     meta.write_text(json.dumps({"format": 1, "driver_version": "580.142", "tier": "4k", "tier_default": 1,
                                 "kernels_policy": "64k-only"}))
-    snap = executor.observe_for_plan(Host(spark))
+    snap = installable.observe_for_plan(Host(spark))
     assert [x.kernel for x in evaluate(snap, Config(auto_build=False)).findings if x.code == "config-changed"] == [K]
     assert not [x for x in evaluate(snap, Config(tier="4k")).findings if x.code == "config-changed"]
 

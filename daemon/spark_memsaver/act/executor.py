@@ -79,37 +79,9 @@ def intent_alive(rec: dict) -> bool:
     return b"spark-memsaver" in cmd or b"spark_memsaver" in cmd
 
 
-def observe_for_plan(host: Host, config: Config | None = None) -> dict:
-    """The snapshot plus what the planner needs that the snapshot does not carry yet: each kernel's
-    policy facts (decide/policy.py) and the build records (what the installed builds were made with)."""
-    from spark_memsaver.decide import policy
-    snap = observe.snapshot(host, config)
-    for k in snap.get("kernels", []):
-        if "kconfig" not in k:
-            k.update(policy.kernel_facts(observe.kernel_config(host, k["release"])))
-    recs = snap.setdefault("records", {})
-    if "builds" not in recs:
-        builds = {b["kernel"]: b for b in rio.read_builds(host)}
-        for k in snap.get("kernels", []):
-            sel = k.get("uvm_selected") or {}
-            if sel.get("patched") and k["release"] not in builds:
-                meta = rio.dkms_meta(host, rc.base_version(sel.get("version")))
-                if meta:
-                    builds[k["release"]] = {"kernel": k["release"], **meta}
-        recs["builds"] = list(builds.values())
-    return snap
-
-
-def _versions_in(snap: dict) -> set[str]:
-    vs = {rc.base_version((k.get("nvidia_selected") or {}).get("version")) for k in snap.get("kernels", [])}
-    vs |= {s.get("version") for s in (snap.get("driver") or {}).get("sources", [])}
-    return {v for v in vs if v}
-
-
 def plan_now(host: Host, config: Config, **kw) -> tuple[dict, dict, list]:
-    snap = observe_for_plan(host, config)
+    snap, support = installable.observe(host, config)
     live = {r.get("pid") for r in snap["records"].get("intents", []) if intent_alive(r)}
-    support = st.support_for(_versions_in(snap), st.source_trees(host, snap))
     return snap, support, rc.plan(snap, config, support, alive_pids=live, **kw)
 
 
