@@ -2,7 +2,7 @@
 
 Targets: the C-expression and macro readers (decide/c_expr.py, c_macros.py, and hazards.assess over them), the
 history and event line readers (service/history.py, host/events.py), every record kind (host/records.py) and
-the EFI variable / signature list / X.509 parsers (observe/efivars.py). For each: random inputs, and mutations
+the EFI variable / signature list / X.509 parsers (spark_memsaver/efi/). For each: random inputs, and mutations
 (bit flips, cuts, insertions, duplicated runs) of a real seed (NVIDIA's nv-linux.h excerpt, a real sample, a
 real record, a real signature list around a certificate made by openssl). A "crash" is any exception other
 than the reader's documented ones (CEvalError, BadRecord, EfiFormatError), or one input running past
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from spark_memsaver.decide import c_expr, c_macros
 from spark_memsaver.decide import hazards as hz
 from spark_memsaver.host import Host, events, records
-from spark_memsaver.observe import efivars as ev
+from spark_memsaver import efi as ev
 from spark_memsaver.service import history as hist
 
 N_TARGETS = 11 + len(records.SPECS)      # c_expr 2, c_macros 2, history 2, events 2, efivars 3; a record kind 1

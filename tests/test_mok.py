@@ -1,4 +1,4 @@
-"""Secure Boot / MOK state from efivarfs, and guided enrollment (observe/mok, decide/mok, act/enroll, observe/efivars).
+"""Secure Boot / MOK state from efivarfs, and guided enrollment (observe/mok, decide/mok, act/enroll, efi/).
 
 What the fixtures stand in for: **EFI firmware**. This machine boots without EFI, so the variables the
 firmware and shim expose at runtime are written by these tests as byte-exact efivarfs files under a fixture
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver.observe import efivars as ev
+from spark_memsaver import efi as ev
 from spark_memsaver.act import enroll
 from spark_memsaver.decide import mok as dmok
 from spark_memsaver.errors import SecureBootUnknown
@@ -52,7 +52,7 @@ A_NV = NV | BS | RT             # MokNew, MokAuth, MokDel
 A_AUTH = NV | BS | RT | AT      # db, dbx
 
 
-# --- byte builders (independent of efivars.py) -------------------------------------------------------
+# --- byte builders (independent of spark_memsaver/efi/) -------------------------------------------------------
 
 def esl(sig_type: bytes, entries: list[bytes], owner: bytes = G_SHIM, header: bytes = b"") -> bytes:
     size = 16 + len(entries[0])

@@ -15,7 +15,7 @@ import tempfile
 from spark_memsaver.decide.mok import (PASSWORD_MAX, PASSWORD_MIN, MokAlreadyEnrolled, MokAlreadyPending, MokBadPassword, MokKeyBlocked,
                                        MokNoKey, MokNotNeeded, MokPendingDelete, MokutilFailed)
 from spark_memsaver.errors import NotPermitted, SecureBootUnknown, Unsupported
-from spark_memsaver.observe import efivars as ev
+from spark_memsaver import efi as ev
 from spark_memsaver.observe.mok import BOOT_ID, REQUEST_RECORD, locate_certificate, observe
 
 

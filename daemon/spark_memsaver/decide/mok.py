@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spark_memsaver.errors import EXIT_PROBLEM, EXIT_USAGE, MemsaverError, SecureBootUnknown
-from spark_memsaver.observe import efivars as ev
+from spark_memsaver import efi as ev
 
 STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete", "blocked",
           "unknown")

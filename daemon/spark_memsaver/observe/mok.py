@@ -20,7 +20,7 @@ from spark_memsaver.decide.mok import (EFI_DIR, EFIVARS_DIR, LISTS, LOADABLE, MO
                                        SCALARS, CertInfo, MokError, ParsedEfi, RawEfi, decide, parse_efi)
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import paths
-from spark_memsaver.observe import efivars as ev
+from spark_memsaver import efi as ev
 
 UBUNTU_DEFAULT_CERT = "/var/lib/shim-signed/mok/MOK.der"
 DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.pub"

@@ -16,9 +16,10 @@ offset and what was expected; nothing here raises anything else on any input.
 
 from __future__ import annotations
 
-# The formats live in efi_siglist.py (efivarfs files, signature lists, errors) and x509.py (certificates);
-# this module keeps every name importable from where it always was.
-from spark_memsaver.observe.efi_siglist import *  # noqa: F401,F403
-from spark_memsaver.observe.efi_siglist import _FIXED_DATA_SIZE  # noqa: F401
-from spark_memsaver.observe.x509 import (Certificate, der_length_check, load_certificate,  # noqa: F401
-                                         parse_certificate)
+# The formats live in efi/siglist.py (efivarfs files, signature lists, errors), efi/x509.py (certificates) and
+# efi/der.py; a leaf (layer 0, was observe/efivars.py): observe/mok reads with it, decide/mok parses with it, so
+# neither imports the other. Every name is importable from here (``from spark_memsaver import efi as ev``).
+from spark_memsaver.efi.siglist import *  # noqa: F401,F403
+from spark_memsaver.efi.siglist import _FIXED_DATA_SIZE  # noqa: F401
+from spark_memsaver.efi.x509 import (Certificate, der_length_check, load_certificate,  # noqa: F401
+                                     parse_certificate)

@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass, field
 
 from spark_memsaver.errors import MemsaverError
-from spark_memsaver.observe.der import DerError, tlv_header
+from spark_memsaver.efi.der import DerError, tlv_header
 
 # --- GUIDs -----------------------------------------------------------------------------------------
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spark_memsaver.observe.der import DerError as _DerError, tlv_header as _tlv_header
-from spark_memsaver.observe.efi_siglist import (EfiFormatError, MalformedCertificate,  # noqa: F401
+from spark_memsaver.efi.der import DerError as _DerError, tlv_header as _tlv_header
+from spark_memsaver.efi.siglist import (EfiFormatError, MalformedCertificate,  # noqa: F401
                                                 MalformedSignatureList, der_length_check)
 
-# --- minimal DER / X.509 (the TLV header: observe/der.py) ----------------------------------------
+# --- minimal DER / X.509 (the TLV header: efi/der.py) --------------------------------------------
 
 
 def _children(b: bytes, start: int, end: int) -> list[tuple[int, int, int]]:

@@ -1,5 +1,5 @@
 """DER's tag-length-value header, strictly (single-byte tags, definite lengths of at most 4 bytes): the one
-primitive that observe/x509.py (certificates) and observe/efi_siglist.py (an X.509 entry's bounds) share, so
+primitive that efi/x509.py (certificates) and efi/siglist.py (an X.509 entry's bounds) share, so
 neither imports the other's internals."""
 
 from __future__ import annotations
