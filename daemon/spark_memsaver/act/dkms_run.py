@@ -50,7 +50,6 @@ def data_dir() -> Path:
 
 
 kotool = datadir.kotool     # dkms/spark-memsaver-kotool as a module (host/datadir.py loads it once)
-_KOTOOL = None              # (kept for act/dkms.py's re-export list)
 
 
 sha256 = sha256_file   # one implementation (host/fsutil.py)
