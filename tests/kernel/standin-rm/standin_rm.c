@@ -93,7 +93,11 @@ static int __init standin_rm_init(void)
 
 static void __exit standin_rm_exit(void)
 {
+#if STANDIN_RM_EVENTS_API
+    WARN_ON(standin_uvm_events != NULL);
+#else
     WARN_ON(standin_uvm_ops != NULL);
+#endif
 }
 
 module_init(standin_rm_init);
