@@ -1,18 +1,6 @@
-"""EFI variable formats, parsed strictly: efivarfs files, EFI_SIGNATURE_LISTs, and the X.509 fields we report.
-
-Pure functions over bytes; no file I/O here except :func:`read_efivarfs_file`, which only bounds a read.
-
-* efivarfs file (``/sys/firmware/efi/efivars/<Name>-<guid>``): 4 bytes of attributes (u32, little-endian)
-  followed by the variable's data (Documentation/filesystems/efivarfs.rst).
-* ``EFI_SIGNATURE_LIST`` (UEFI spec 32.4.1): ``SignatureType`` (16-byte GUID) · ``SignatureListSize`` u32 ·
-  ``SignatureHeaderSize`` u32 · ``SignatureSize`` u32 · header · entries of ``SignatureOwner`` GUID + data.
-  A variable such as ``db`` or ``MokListRT`` is a concatenation of such lists.
-* GUIDs on disk are in the UEFI "mixed-endian" layout: the first three fields little-endian, the last eight
-  bytes as written (Python's ``uuid.UUID(bytes_le=...)``).
-
-Every malformation raises a subclass of :class:`EfiFormatError` whose message names the variable, the byte
-offset and what was expected; nothing here raises anything else on any input.
-"""
+"""EFI variable formats, parsed strictly: efivarfs files and EFI_SIGNATURE_LISTs (efi/siglist.py, whose docstring
+describes the formats), X.509 certificates (efi/x509.py) and DER headers (efi/der.py). Every name is importable
+from here; every malformation raises a subclass of ``EfiFormatError``."""
 
 from __future__ import annotations
 
