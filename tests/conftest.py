@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,8 +64,36 @@ def pytest_sessionstart(session):
     needs.session_started()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every light test runs before the first heavy one (builds, containers, VMs): the quick checks of the
+    whole product never wait behind a build, and CI's budget for starting heavy tests limits only those.
+    The sort is stable: files and tests keep their order within each group."""
+    items.sort(key=lambda item: bool(needs.is_heavy(item)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under ``$SPARK_MEMSAVER_TEST_WATCHDOG_S`` (set by .ci/run) a test that runs past its limit is stopped with
+    needs.WatchdogExpired raised where it was (its traceback says where it hung) and fails; the run goes on."""
+    limit = needs.watchdog_limit(bool(needs.is_heavy(item)))
+    if not limit:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise needs.WatchdogExpired(f"{item.nodeid} ran past {limit:.0f} s ({needs.WATCHDOG_ENV}): stopped")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def pytest_runtest_setup(item):
-    heavy = sorted(m for m in needs.HEAVY_MARKS if item.get_closest_marker(m) is not None)
+    heavy = needs.is_heavy(item)
     if heavy:
         spent = needs.slow_budget_spent()
         if spent:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,64 @@ def test_slow_tests_past_the_budget_are_skipped_even_under_tools_test(tmp_path):
         env[needs.SLOW_BUDGET_ENV] = budget
         r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
         assert expect in r.stdout, r.stdout
+
+
+def test_the_budget_counts_from_the_ci_job_start(monkeypatch):
+    monkeypatch.setenv(needs.SLOW_BUDGET_ENV, "60")
+    monkeypatch.setenv(needs.T0_ENV, "1000")
+    needs.session_started(now_wall=1050)             # pytest starts 50 s after the job (the package install)
+    t = needs._STARTED + 50
+    assert needs.slow_budget_spent(now=t + 9) is None
+    assert "60 s is the budget" in needs.slow_budget_spent(now=t + 11)
+    needs.session_started(now_wall=900)              # a T0 in the future counts as now
+    assert needs.slow_budget_spent(now=needs._STARTED + 59) is None
+    monkeypatch.setenv(needs.T0_ENV, "yesterday")
+    with pytest.raises(pytest.UsageError):
+        needs.session_started()
+    monkeypatch.delenv(needs.T0_ENV)
+    needs.session_started()
+
+
+def test_watchdog_limit_parsing(monkeypatch):
+    monkeypatch.delenv(needs.WATCHDOG_ENV, raising=False)
+    assert needs.watchdog_limit(True) is None
+    monkeypatch.setenv(needs.WATCHDOG_ENV, "600,1500")
+    assert (needs.watchdog_limit(False), needs.watchdog_limit(True)) == (600, 1500)
+    monkeypatch.setenv(needs.WATCHDOG_ENV, "0,1500")
+    assert needs.watchdog_limit(False) is None
+    for bad in ("600", "a,b", "-1,5", "nan,5"):
+        monkeypatch.setenv(needs.WATCHDOG_ENV, bad)
+        with pytest.raises(pytest.UsageError):
+            needs.watchdog_limit(True)
+
+
+def test_a_hung_test_is_stopped_by_the_watchdog_and_light_tests_run_first(tmp_path):
+    (tmp_path / "test_hang.py").write_text(textwrap.dedent("""
+        import subprocess, time
+        import pytest
+
+        ORDER = []
+
+        @pytest.mark.slow
+        def test_a_heavy_one_collected_first():
+            ORDER.append("heavy")
+
+        def test_hangs_in_a_child():
+            ORDER.append("hang")
+            subprocess.run(["sleep", "60"])
+
+        def test_runs_after_it():
+            ORDER.append("after")
+            assert ORDER == ["hang", "after"]
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
+    env.pop(needs.SLOW_BUDGET_ENV, None)
+    env[needs.WATCHDOG_ENV] = "2,30"
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
+            "-o", "markers=slow", "--rootdir", str(tmp_path), str(tmp_path / "test_hang.py")]
+    t = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert time.monotonic() - t < 40, r.stdout
+    assert "1 failed, 2 passed" in r.stdout, r.stdout
+    assert "WatchdogExpired" in r.stdout and "test_hangs_in_a_child ran past 2 s" in r.stdout, r.stdout
+    assert 'subprocess.run(["sleep", "60"])' in r.stdout, r.stdout      # where it hung

@@ -86,33 +86,72 @@ def not_applicable(why: str) -> None:
 
 
 SLOW_BUDGET_ENV = "SPARK_MEMSAVER_TEST_SLOW_BUDGET_S"
+# epoch seconds at which the CI job started (.ci/run sets it before installing packages): the budget counts from
+# there, not from pytest's start, so the package install is inside it
+T0_ENV = "SPARK_MEMSAVER_TEST_T0"
+# "LIGHT,HEAVY" seconds: a test that runs longer is stopped and fails (tests/conftest.py), so a hang becomes a
+# named failure with its traceback instead of a CI job killed with nothing to read
+WATCHDOG_ENV = "SPARK_MEMSAVER_TEST_WATCHDOG_S"
 # the markers of tests that take minutes (builds, containers, VMs): none starts once the budget is spent
 HEAVY_MARKS = ("slow", "kernel", "compile", "dkms", "package")
 _STARTED = time.monotonic()
 
 
-def session_started() -> None:
-    """The run's clock starts now (tests/conftest.py calls it at session start)."""
+class WatchdogExpired(Exception):
+    """A test ran past its limit under ``$SPARK_MEMSAVER_TEST_WATCHDOG_S`` and was stopped."""
+
+
+def _seconds(env: str, raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{env}={raw!r} is not a number of seconds") from None
+    if v != v or v < 0:
+        raise pytest.UsageError(f"{env}={raw!r} is not a number of seconds")
+    return v
+
+
+def session_started(now_wall: float | None = None) -> None:
+    """The run's clock starts now (tests/conftest.py calls it at session start), or at ``$SPARK_MEMSAVER_TEST_T0``
+    (epoch seconds) when that is set and not in the future."""
     global _STARTED
     _STARTED = time.monotonic()
+    raw = os.environ.get(T0_ENV, "").strip()
+    if raw:
+        behind = (time.time() if now_wall is None else now_wall) - _seconds(T0_ENV, raw)
+        _STARTED -= max(0.0, behind)
 
 
 def slow_budget_spent(now: float | None = None) -> str | None:
     """Why a heavy test (``HEAVY_MARKS``) must not start: ``$SPARK_MEMSAVER_TEST_SLOW_BUDGET_S`` (set by .ci/run: CI has a
-    wall-clock limit the whole run must stay under) seconds have passed since the session started. None when
+    wall-clock limit the whole run must stay under) seconds have passed since the run started. None when
     no budget is set or it is not spent. A bad value is a usage error, not "no budget"."""
     raw = os.environ.get(SLOW_BUDGET_ENV, "").strip()
     if not raw:
         return None
-    try:
-        budget = float(raw)
-    except ValueError:
-        raise pytest.UsageError(f"{SLOW_BUDGET_ENV}={raw!r} is not a number of seconds") from None
+    budget = _seconds(SLOW_BUDGET_ENV, raw)
     spent = (time.monotonic() if now is None else now) - _STARTED
     if spent < budget:
         return None
     return (f"not started: {spent:.0f} s of this run have passed and {SLOW_BUDGET_ENV}={budget:.0f} s is the "
             f"budget for starting heavy tests (CI's wall-clock limit); run it alone with tools/test")
+
+
+def watchdog_limit(heavy: bool) -> float | None:
+    """Seconds a test may run under ``$SPARK_MEMSAVER_TEST_WATCHDOG_S`` ("LIGHT,HEAVY"); None when unset."""
+    raw = os.environ.get(WATCHDOG_ENV, "").strip()
+    if not raw:
+        return None
+    parts = raw.split(",")
+    if len(parts) != 2:
+        raise pytest.UsageError(f"{WATCHDOG_ENV}={raw!r}: expected LIGHT,HEAVY seconds, e.g. 600,1500")
+    light, hv = (_seconds(WATCHDOG_ENV, x.strip()) for x in parts)
+    return (hv if heavy else light) or None
+
+
+def is_heavy(item) -> list[str]:
+    """The heavy markers (``HEAVY_MARKS``) a collected test carries, sorted."""
+    return sorted(m for m in HEAVY_MARKS if item.get_closest_marker(m) is not None)
 
 
 def root(why: str) -> None:
