@@ -217,9 +217,11 @@ def test_counters_prove_tables_were_packed(vm):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, tier", [("debug-6.12-64k", 3), ("debian-6.12-4k", 2)], ids=["64k-leaf", "4k-256"])
 def test_nvidia_tests_catch_a_broken_pool(kind, tier, tmp_path):
-    """Not vacuous: with the pool built to hand out overlapping slots (UVM_PT_PACK_FAULT_INJECT=1), NVIDIA's own
-    page-tree test fails in a packing tier (a PTE of one table overwritten through another): at 64 KiB in the
-    default tier (leaf), at 4 KiB in tier 256 (the only one active there)."""
+    """Not vacuous: with the pool built to hand out overlapping slots (UVM_PT_PACK_FAULT_INJECT=1) the run fails the
+    checks test_page_tree_passes_in_every_tier applies. At 4 KiB (tier 256, the only one active there) NVIDIA's own
+    test fails (a PTE of one table overwritten through another). At 64 KiB in the default tier (leaf) NVIDIA's test
+    returns NV_OK (measured: its 256 B leaf tables aliasing in one 4 KiB slot are never checked against each other),
+    and the run fails on the pool's own teardown check instead (a WARNING line: tables left in backing pages)."""
     nvsrc.nvidia_source(VERSION)
     k = kernel_or_skip(kind)
     built = build_or_skip(k, VERSION, inject=1)
@@ -228,11 +230,16 @@ def test_nvidia_tests_catch_a_broken_pool(kind, tier, tmp_path):
     (tmp_path / "console.log").write_text(log)
     run = _run_of(log, tier)
     failure = re.search(r"assert_range_vec_ptes\[pid:\d+\] PTE is 0x[0-9a-f]+ instead of 0x[0-9a-f]+", run)
+    torn = re.search(r"uvm_pt_pack: page tree torn down with \d+ tables in \d+ backing pages", log)
     print(f"\n[{SHORT[kind]} tier {TOKENS[tier]}, broken pool] NVIDIA's test: "
           + (failure.group(0) if failure else "no PTE failure") + "; "
-          + " ".join(re.findall(r"PT-RUN step=page_tree .*", run)))
-    assert f"PT-RUN step=page_tree ioctl=0 errno=0 rmStatus={NV_ERR_INVALID_STATE}" in run, run[-3000:]
-    assert failure, run[-3000:]
+          + " ".join(re.findall(r"PT-RUN step=page_tree .*", run)) + "; pool: " + (torn.group(0) if torn else "-")
+          + f"; {len(qemu.bad_lines(log))} bad console lines")
+    if k.page_size == 4096:
+        assert f"PT-RUN step=page_tree ioctl=0 errno=0 rmStatus={NV_ERR_INVALID_STATE}" in run, run[-3000:]
+        assert failure, run[-3000:]
+    else:
+        assert torn and any("WARNING:" in ln for ln in qemu.bad_lines(log)), log[-3000:]
 
 
 def _switch_hits(root: Path) -> list[str]:
