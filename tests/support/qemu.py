@@ -267,15 +267,20 @@ def initramfs(files: dict[str, Path], dest: Path, init: Path = KDIR / "init.sh")
 
 def boot(k: Kernel, initrd: Path, *, append: str = "", timeout: int = 900, smp: int = 4,
          mem: str = "2G") -> str:
-    """Boot k with initrd under TCG; return the serial console log (raises on timeout)."""
+    """Boot k with initrd under TCG; return the serial console log. On timeout the VM is killed and the log so far
+    is returned with a last line ``VM-TIMEOUT after N s`` (the callers' ``VM-DONE`` check then fails on it and
+    shows how far the run got)."""
     if shutil.which("qemu-system-aarch64") is None:
         raise Unavailable("qemu-system-aarch64 missing (apt-get install qemu-system-arm)")
     argv = ["qemu-system-aarch64", "-machine", "virt,iommu=smmuv3,gic-version=3", "-cpu", "max",
             "-smp", str(smp), "-m", mem, "-nographic", "-no-reboot", "-nic", "none", "-kernel", str(k.image),
             "-initrd", str(initrd), "-device", "pci-testdev",
             "-append", f"console=ttyAMA0 panic=-1 oops=panic {append}".strip()]
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        return (e.stdout or b"").decode(errors="replace") + f"\nVM-TIMEOUT after {timeout} s\n"
     return p.stdout.decode(errors="replace")
 
 
