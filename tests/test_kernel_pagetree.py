@@ -67,7 +67,7 @@ NV_ERR_INVALID_STATE = "0x40"
 FAILED = re.compile(r"nvidia-uvm: uvm_\w+\.c:\d+ (\w+)\[pid:\d+\] (Test check failed.*)$", re.M)
 #: NVIDIA's built-in tests that need no GPU, as tests/kernel/pagetree/pt_run.c names them ("gpu_free")
 GPU_FREE = ("rng", "range_tree", "range_tree_random", "rb_tree", "rb_tree_random", "lock", "kvmalloc",
-            "perf_utils", "range_allocator", "kthread_q", "thread_context", "mem", "cpu_chunk", "perf_events")
+            "perf_utils", "range_allocator", "thread_context", "mem", "cpu_chunk", "perf_events")
 
 
 def _opted_in() -> bool:

@@ -243,23 +243,28 @@ def test_recorded_hashes_rederived_from_the_real_tree(version):
     e = dict(VERIFIED)[version]
     assert up.tree_hashes(tree, MANIFEST.hooked_paths(e.branch)) == e.hooked_files[version]
     q = up.qualify(tree, version)
-    assert (q["qualification"], q["by"], q["drifted"], q["hashes_recorded"]) == ("compile-verified", "version", [],
-                                                                                   True)
+    # a tree whose bytes are also those of a higher-level tree of its branch is raised to that level by content
+    top = max((d for v2, d in VERIFIED if d.branch == e.branch and d.hooked_files[v2] == e.hooked_files[version]),
+              key=lambda d: qual.rank(d.qualification))
+    by = "version" if top.qualification == e.qualification else "content"
+    assert (q["qualification"], q["by"], q["drifted"], q["hashes_recorded"]) == (top.qualification, by, [], True)
 
 
-def test_580_142_relabelled_580_178_04_is_compile_verified_by_content(tmp_path):
+def test_580_142_relabelled_580_178_04_inherits_nvidia_tests_by_content(tmp_path):
     """The DGX Spark's driver: 580.178.04 falls in the r580 range (untested by version); 580.142's tree relabelled
-    580.178.04 has 580.142's hooked files, so it inherits compile-verified from it."""
+    580.178.04 has 580.142's hooked files, so it inherits 580.142's level (nvidia-tests) and its runs."""
     tree = _relabelled("580.142", "580.178.04", tmp_path / "nvidia-580.178.04", whole=True)
     p = _cli("check", "--source", str(tree), "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(p.stdout)
     assert (r["version"], r["match"], r["branch"], r["dry_run"]) == ("580.178.04", "range", "r580", "clean")
-    assert (r["qualification"], r["by"], r["inherited_from"], r["drifted"]) == ("compile-verified", "content",
+    assert (r["qualification"], r["by"], r["inherited_from"], r["drifted"]) == ("nvidia-tests", "content",
                                                                                 "580.142", [])
     assert r["verified_on"] == dict(VERIFIED)["580.142"].verified_on
+    assert r["nvidia_tests"] == dict(VERIFIED)["580.142"].nvidia_tests and r["nvidia_tests"][0]["page_size"] == 65536
     p = _cli("check", "--source", str(tree))
-    assert "compile-verified by content, hooked files identical to 580.142's" in p.stdout, p.stdout
+    assert "nvidia-tests by content, hooked files identical to 580.142's" in p.stdout, p.stdout
+    assert "NVIDIA's tests passed: " in p.stdout and "64 KiB pages" in p.stdout, p.stdout
 
     _one_byte(tree)
     p = _cli("check", "--source", str(tree), "--json")
@@ -272,7 +277,7 @@ def test_580_142_relabelled_580_178_04_is_compile_verified_by_content(tmp_path):
 
 
 @pytest.mark.parametrize("tag, match, qualification, inherited_from, drifted", [
-    ("580.126.20", "range", "compile-verified", "580.105.08", []),      # = 580.142's bytes (lower wins a tie)
+    ("580.126.20", "range", "nvidia-tests", "580.142", []),             # = 580.142's bytes: the tested tree wins
     ("580.94.06", "range", "compile-verified", "580.95.05", []),
     ("580.82.09", "range", "untested", None, [MMU]),                    # uvm_mmu.c differs from every 580 tree
     ("590.44.01", "content", "compile-verified", "590.48.01", []),      # no 590 range: unlisted, by content
@@ -359,12 +364,16 @@ def test_patch_list_shows_hashes_and_inheritance():
     p = _cli("list", "--json")
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["drivers"]
-    r580 = next(r for r in rows if r["versions"] == ["580.95.05", "580.105.08", "580.142"])
-    assert r580["hashes_recorded"] == ["580.95.05", "580.105.08", "580.142"] and r580["hashes_missing"] == []
+    r580 = next(r for r in rows if r["versions"] == ["580.95.05", "580.105.08"])
+    assert r580["hashes_recorded"] == ["580.95.05", "580.105.08"] and r580["hashes_missing"] == []
+    tested = next(r for r in rows if r["versions"] == ["580.142"])
+    assert tested["qualification"] == "nvidia-tests" and tested["hashes_recorded"] == ["580.142"]
+    assert tested["nvidia_tests"][0]["tiers"] == ["off", "4k-all", "256", "leaf"]
     rng = next(r for r in rows if r["range"])
     assert rng["qualification"] == "untested" and "580.142" in rng["inherits_by_content_from"]
     text = _cli("list").stdout
-    assert "content hashes: 580.95.05, 580.105.08, 580.142" in text
+    assert "content hashes: 580.95.05, 580.105.08" in text and "content hashes: 580.142" in text
+    assert "NVIDIA's tests passed: UVM_TEST_PAGE_TREE" in text
     assert "verified by content where the hooked files are identical to" in text
 
 
