@@ -22,7 +22,10 @@ NVIDIA's trees do not compile against Debian's 7.2/7.3 (linux/of_gpio.h is gone)
 All VM tests are `slow`. CI runs 4k-r580 (the whole suite; kernel tree ~4 min, NVIDIA build 6-15 min, VM 1-3
 min). The others run where their kernel and module builds are cached, or with SPARK_MEMSAVER_BUILD_KERNEL=1 /
 SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 (which build them: the 64 KiB debug kernel 10-50 min, each NVIDIA build 5-15
-min on 2 cores); otherwise they skip with that reason, also in CI. Details and results: docs/kernel-tests.md.
+min on 2 cores); otherwise they skip with that reason, also in CI. CI never builds the 64 KiB debug kernel: the
+64k cases skip there before anything is fetched for them. End to end at 64 KiB (figures printed without -s):
+``SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 tools/test tests/test_kernel_pagetree.py -k 64k -v`` (add
+SPARK_MEMSAVER_BUILD_KERNEL=1 on a machine without the kernel). Details and results: docs/kernel-tests.md.
 The switch must never reach the product: test_switch_absent_from_the_dkms_build checks the rendered DKMS
 tree and the apply step's output for every tier, and a pool object built with the DKMS flags.
 """
@@ -70,6 +73,14 @@ GPU_FREE = ("rng", "range_tree", "range_tree_random", "rb_tree", "rb_tree_random
             "perf_utils", "range_allocator", "thread_context", "mem", "cpu_chunk", "perf_events")
 
 
+def _say(request, text: str) -> None:
+    """Print past pytest's capture, so that `-k 64k -v` shows each case's figures (result lines, tables per page,
+    times) without -s: docs/kernel-tests.md records them from this output."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():
+        print(text, flush=True)
+
+
 def _opted_in() -> bool:
     return os.environ.get(OPT_IN) == "1" or os.environ.get(ALL_ENV) == "1"
 
@@ -82,8 +93,10 @@ def kernel_or_skip(kind: str) -> qemu.Kernel:
         if kind != CI_CASE[0] and not ready and not _opted_in():
             needs.beyond_ci(f"Debian's 6.12 {flavour} kernel tree", f"not cached; {ALL_ENV}=1 prepares it (~4 min)")
         return qemu.kernel(kind)
+    if os.environ.get(OPT_IN) == "1":
+        return qemu.kernel(kind)            # builds it where it is not cached: a failure to build is a failure
     try:
-        return qemu.kernel(kind)
+        return qemu.kernel(kind)            # never builds without the opt-in: CI (cold cache) skips here
     except qemu.Unavailable as e:
         needs.beyond_ci(f"the {kind} kernel", str(e))
 
@@ -101,8 +114,10 @@ def vm(request, tmp_path_factory):
     kind, branch = request.param
     version = BRANCHES[branch]
     tmp = tmp_path_factory.mktemp(f"pagetree-{SHORT[kind]}-{branch}")
-    nvsrc.nvidia_source(version)            # Debian's archive or the shared trees (a failure under tools/test if absent)
+    # the kernel first: where it is not cached (the 64 KiB debug kernel in CI, always) the case skips before
+    # anything is downloaded or unpacked for it
     k = kernel_or_skip(kind)
+    nvsrc.nvidia_source(version)            # Debian's archive or the shared trees (a failure under tools/test if absent)
     t0 = time.time()
     built = build_or_skip(k, version)
     runner = uvmvm.pt_run(built, tmp / "pt_run")
@@ -110,8 +125,8 @@ def vm(request, tmp_path_factory):
     t1 = time.time()
     log = qemu.boot(k, rd, append="" if kind.startswith("debug") else DEBIAN_DEBUG, timeout=3600)
     (tmp / "console.log").write_text(log)
-    print(f"\n[{SHORT[kind]}-{branch} {version}] build {'cached' if t1 - t0 < 60 else 'cold'} {t1 - t0:.0f}s "
-          f"(NVIDIA build {built.seconds:.0f}s when made), VM {time.time() - t1:.0f}s, log {tmp}/console.log")
+    _say(request, f"\n[{SHORT[kind]}-{branch} {version}] build {'cached' if t1 - t0 < 60 else 'cold'} {t1 - t0:.0f}s "
+         f"(NVIDIA build {built.seconds:.0f}s when made), VM {time.time() - t1:.0f}s, log {tmp}/console.log")
     return k, built, log.replace("\r", "")
 
 
@@ -130,7 +145,7 @@ def _failures(run: str) -> list[str]:
 
 @pytest.mark.kernel
 @pytest.mark.slow
-def test_page_tree_passes_in_every_tier(vm):
+def test_page_tree_passes_in_every_tier(vm, request):
     """4 KiB and 64 KiB: UVM_TEST_PAGE_TREE returns NV_OK in every tier. 16 KiB: NVIDIA's own check_sizes() fails
     with the pool off; every tier gives exactly that result (the same three lines) and nothing else. No KASAN,
     lockdep, DMA-API, kmemleak, WARN or BUG line anywhere; RM was asked for nothing the stand-in lacks."""
@@ -160,15 +175,15 @@ def test_page_tree_passes_in_every_tier(vm):
             assert _failures(run) == [], run[-3000:]
             assert "PT-RUN step=page_tree ioctl=0 errno=0 rmStatus=0x0" in run, run[-3000:]
             assert f"PT-RC tier={t} rc=0" in log
-        print(f"[{SHORT[k.kind]}-{built.version}] tier {TOKENS[t]}: "
-              + re.search(r"PT-RUN step=page_tree .*", run).group(0)
-              + " " + re.search(rf"PT-RC tier={t} .*", log).group(0))
+        _say(request, f"[{SHORT[k.kind]}-{built.version}] tier {TOKENS[t]}: "
+             + re.search(r"PT-RUN step=page_tree .*", run).group(0)
+             + " " + re.search(rf"PT-RC tier={t} .*", log).group(0))
         assert f"UVM-UNLOAD tier={t} rc=0" in log
 
 
 @pytest.mark.kernel
 @pytest.mark.slow
-def test_gpu_free_builtin_tests_pass(vm):
+def test_gpu_free_builtin_tests_pass(vm, request):
     """NVIDIA's built-in tests that need no GPU (pt_run's gpu_free list) return NV_OK with the hooked module in
     every tier: a regression of ours in code they share (locks, allocators, trees, uvm_mem) would show here."""
     k, built, log = vm
@@ -179,12 +194,13 @@ def test_gpu_free_builtin_tests_pass(vm):
         assert all(s[1:] == ("0", "0", "0x0") for s in steps), (t, [s for s in steps if s[1:] != ("0", "0", "0x0")])
         assert _failures(run) == [], run[-3000:]
         assert re.search(rf"GF-RC tier={t} rc=0\b", log), log[-3000:]
-    print(f"[{SHORT[k.kind]}-{built.version}] GPU-free tests NV_OK in every tier: {' '.join(GPU_FREE)}")
+    secs = " ".join(re.findall(r"GF-RC tier=\d+ rc=0 secs=(\d+)", log))
+    _say(request, f"[{SHORT[k.kind]}-{built.version}] GPU-free tests NV_OK in every tier ({secs} s): {' '.join(GPU_FREE)}")
 
 
 @pytest.mark.kernel
 @pytest.mark.slow
-def test_counters_prove_tables_were_packed(vm):
+def test_counters_prove_tables_were_packed(vm, request):
     """Per tier, what the pool packed during UVM's own tests (cumulative test counters), and the live counters back
     at zero after the run (every packed table freed, every backing page returned)."""
     k, built, log = vm
@@ -195,9 +211,9 @@ def test_counters_prove_tables_were_packed(vm):
             assert s[key] == "0", (t, key, s)
         trees, t256, t4k = (int(s[f"test_total_{n}"]) for n in ("trees_packed", "c256_tables", "c4096_tables"))
         p256, p4k = int(s["test_total_c256_pages"]), int(s["test_total_c4096_pages"])
-        print(f"[{SHORT[k.kind]}-{built.version}] tier {TOKENS[t]}: trees {trees}, 256 B tables/pages {t256}/{p256}"
-              f"{f' = {t256 / p256:.2f}' if p256 else ''}, 4 KiB tables/pages {t4k}/{p4k}"
-              f"{f' = {t4k / p4k:.2f}' if p4k else ''}")
+        _say(request, f"[{SHORT[k.kind]}-{built.version}] tier {TOKENS[t]}: trees {trees}, 256 B tables/pages "
+             f"{t256}/{p256}{f' = {t256 / p256:.2f}' if p256 else ''}, 4 KiB tables/pages {t4k}/{p4k}"
+             f"{f' = {t4k / p4k:.2f}' if p4k else ''}")
         # at 4 KiB only the 256 tier saves anything (a 4 KiB slot is a whole page): 4k-all and leaf are inactive
         if t == 0 or (k.page_size == 4096 and t != 2):
             assert trees == t256 == t4k == p256 == p4k == 0, s
@@ -216,14 +232,14 @@ def test_counters_prove_tables_were_packed(vm):
 @pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, tier", [("debug-6.12-64k", 3), ("debian-6.12-4k", 2)], ids=["64k-leaf", "4k-256"])
-def test_nvidia_tests_catch_a_broken_pool(kind, tier, tmp_path):
+def test_nvidia_tests_catch_a_broken_pool(kind, tier, tmp_path, request):
     """Not vacuous: with the pool built to hand out overlapping slots (UVM_PT_PACK_FAULT_INJECT=1) the run fails the
     checks test_page_tree_passes_in_every_tier applies. At 4 KiB (tier 256, the only one active there) NVIDIA's own
     test fails (a PTE of one table overwritten through another). At 64 KiB in the default tier (leaf) NVIDIA's test
     returns NV_OK (measured: its 256 B leaf tables aliasing in one 4 KiB slot are never checked against each other),
     and the run fails on the pool's own teardown check instead (a WARNING line: tables left in backing pages)."""
-    nvsrc.nvidia_source(VERSION)
     k = kernel_or_skip(kind)
+    nvsrc.nvidia_source(VERSION)
     built = build_or_skip(k, VERSION, inject=1)
     rd = uvmvm.initramfs(built, uvmvm.pt_run(built, tmp_path / "pt_run"), tmp_path / "initrd.gz")
     log = qemu.boot(k, rd, append=f"PT_TIERS={tier} GF_TIERS=", timeout=3600).replace("\r", "")
@@ -231,15 +247,37 @@ def test_nvidia_tests_catch_a_broken_pool(kind, tier, tmp_path):
     run = _run_of(log, tier)
     failure = re.search(r"assert_range_vec_ptes\[pid:\d+\] PTE is 0x[0-9a-f]+ instead of 0x[0-9a-f]+", run)
     torn = re.search(r"uvm_pt_pack: page tree torn down with \d+ tables in \d+ backing pages", log)
-    print(f"\n[{SHORT[kind]} tier {TOKENS[tier]}, broken pool] NVIDIA's test: "
-          + (failure.group(0) if failure else "no PTE failure") + "; "
-          + " ".join(re.findall(r"PT-RUN step=page_tree .*", run)) + "; pool: " + (torn.group(0) if torn else "-")
-          + f"; {len(qemu.bad_lines(log))} bad console lines")
+    _say(request, f"\n[{SHORT[kind]} tier {TOKENS[tier]}, broken pool] NVIDIA's test: "
+         + (failure.group(0) if failure else "no PTE failure") + "; "
+         + " ".join(re.findall(r"PT-RUN step=page_tree .*", run)) + "; pool: " + (torn.group(0) if torn else "-")
+         + f"; {len(qemu.bad_lines(log))} bad console lines")
     if k.page_size == 4096:
         assert f"PT-RUN step=page_tree ioctl=0 errno=0 rmStatus={NV_ERR_INVALID_STATE}" in run, run[-3000:]
         assert failure, run[-3000:]
     else:
         assert torn and any("WARNING:" in ln for ln in qemu.bad_lines(log)), log[-3000:]
+
+
+def test_64k_cases_skip_without_the_cached_debug_kernel(tmp_path, monkeypatch):
+    """CI never builds the 64 KiB debug kernel (~45 min of 2 cores): with a cold cache every 64k case skips with the
+    kernel, why and the command that builds it, and builds nothing, not even with the modules' opt-in."""
+    monkeypatch.setenv("SPARK_MEMSAVER_TEST_CACHE", str(tmp_path))
+    monkeypatch.delenv(OPT_IN, raising=False)
+    monkeypatch.setenv(ALL_ENV, "1")
+    with pytest.raises(pytest.skip.Exception) as e:
+        kernel_or_skip("debug-6.12-64k")
+    msg = str(e.value)
+    assert "debug-6.12-64k" in msg and "not cached" in msg and "CI never builds it" in msg, msg
+    assert "SPARK_MEMSAVER_BUILD_KERNEL=1 python3 tests/support/debugkernel.py 6.12." in msg, msg
+    assert not (tmp_path / "kernel" / "debug-64k-6.12").exists()
+
+
+def test_every_vm_case_is_heavy():
+    """The tests that build NVIDIA and boot VMs are `slow` and `kernel` (heavy: they run after the light ones and
+    none starts once CI's budget is spent, tests/conftest.py)."""
+    for f in (test_page_tree_passes_in_every_tier, test_gpu_free_builtin_tests_pass,
+              test_counters_prove_tables_were_packed, test_nvidia_tests_catch_a_broken_pool):
+        assert {"slow", "kernel"} <= {m.name for m in f.pytestmark}, f.__name__
 
 
 def _switch_hits(root: Path) -> list[str]:

@@ -66,7 +66,8 @@ def debug_kernel(series: str = "7.") -> "qemu.Kernel":
         if os.environ.get("SPARK_MEMSAVER_BUILD_KERNEL") != "1":
             raise qemu.Unavailable(
                 f"the {kind} debug kernel is not cached ({base}); build it with SPARK_MEMSAVER_BUILD_KERNEL=1 "
-                f"python3 tests/support/debugkernel.py {series} (10-50 min of 2 cores, docs/kernel-tests.md)")
+                f"python3 tests/support/debugkernel.py {series} (10-50 min of 2 cores, docs/kernel-tests.md; "
+                f"CI never builds it)")
         with cache.locked(f"kernel-{SERIES[series][1]}"):
             if not stamp.exists():
                 _build(series, base, opts_wanted)
