@@ -207,3 +207,34 @@ def test_guard_never_takes_a_module_of_another_name_as_the_stock_nvidia_uvm(tmp_
     r = guard(root)
     assert r.returncode == 1 and inserted(r) == [], r.stdout + r.stderr
     assert "REFUSED" in r.stderr
+
+
+@pytest.mark.lifecycle
+def test_guard_never_guesses_among_several_nvidia_uvm_files(tmp_path):
+    """modinfo names two files for nvidia_uvm (two modules carrying the alias, both ours and built for the
+    driver beside them): which one modprobe would load is not known, so the guard loads neither and takes the
+    verified stock by path, saying why. (Kills, in the selection: ``[ "$i_n" -eq 1 ]`` -> ``-ne 1``.)"""
+    from tests.test_lifecycle import K as LK, _tree, guard, inserted, p
+    ours = sparkroot.uvm_fields("555.58.02", "OURS", LK, True) + [("alias", "nvidia_uvm")]
+    root = _tree(tmp_path, nv="555.58.02", stock_uvm=None, ours=None,
+                 extra=[("updates/a/uvm-a.ko", ours), ("updates/b/uvm-b.ko", ours),
+                        ("kernel/nvidia-open/uvm-stock.ko", sparkroot.uvm_fields("555.58.02", "S", LK, False))])
+    sparkroot.write(root, f"/var/lib/spark-memsaver/stock/{LK}", f"/lib/modules/{LK}/kernel/nvidia-open/uvm-stock.ko\n")
+    r = guard(root)
+    assert r.returncode == 0 and inserted(r) == [p(root, "kernel/nvidia-open/uvm-stock.ko")], r.stdout + r.stderr
+    assert "modinfo names 2 files for nvidia_uvm" in r.stderr
+
+
+@pytest.mark.lifecycle
+def test_guard_loads_stock_beside_a_loaded_nvidia_whose_file_is_gone(tmp_path):
+    """nvidia 550.163.01 still loaded, its package removed (no nvidia.ko on disk), ours built for 555.58.02,
+    the stock nvidia-uvm of 550.163.01 still there: the guard inserts that stock module by path and does not
+    run ``modprobe nvidia`` first (nvidia is loaded; modprobe would find no nvidia.ko and the load would be
+    refused). (Kills: ``[ -z "$nv_loaded" ]`` -> ``-n``, which also skips ``modprobe nvidia`` before the
+    stock insmod when nvidia is NOT loaded.)"""
+    from tests.test_lifecycle import _tree, guard, inserted, p
+    root = _tree(tmp_path, nv=None, stock_uvm="550.163.01", ours="555.58.02")
+    sparkroot.write(root, "/sys/module/nvidia/version", "550.163.01\n")
+    r = guard(root)
+    assert r.returncode == 0 and inserted(r) == [p(root, "kernel/nvidia-open/nvidia-uvm.ko")], r.stdout + r.stderr
+    assert "loaded nvidia is 550.163.01" in r.stderr and "modprobe nvidia failed" not in r.stderr
