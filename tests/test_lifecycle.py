@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_memsaver import world
 from spark_memsaver.host import intents
 from spark_memsaver.act import activate as act_activate, executor, steps as act_steps
 from spark_memsaver.observe import snapshot as observe
@@ -412,7 +413,7 @@ def test_records_are_what_observe_and_decide_read(tmp_path):
                            remedy="Update spark-memsaver.", code="driver-unsupported")
     recs = observe.observe_records(h)
     assert recs["intents"][0]["op"] == "build" and recs["intents"][0]["kernel"] == sparkroot.SPARK_KERNEL
-    v = evaluate(observe.snapshot(h), Config())
+    v = evaluate(world.snapshot(h), Config())
     codes = {f.code: f for f in v.findings}
     assert "operation-interrupted" in codes and codes["operation-interrupted"].kernel == sparkroot.SPARK_KERNEL
     assert v.state == "rolled-back"
@@ -653,7 +654,7 @@ def test_guard_with_the_snapshot_observer_agrees(tmp_path):
     # What the guard refuses, decide.py reports as override-driver-mismatch for the same tree.
     root = sparkroot.make_spark_root(tmp_path / "root", loaded_driver=None, uvm_loaded=None,
                                      ours_installed="580.95.05")
-    v = evaluate(observe.snapshot(Host(root)), Config())
+    v = evaluate(world.snapshot(Host(root)), Config())
     assert "override-driver-mismatch" in [f.code for f in v.findings]
     r = guard(root, kernel=sparkroot.SPARK_KERNEL)
     assert inserted(r) == [str(root / f"lib/modules/{sparkroot.SPARK_KERNEL}/kernel/nvidia-580-open/nvidia-uvm.ko")]

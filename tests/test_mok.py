@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_memsaver import world
 from spark_memsaver import efi as ev
 from spark_memsaver.act import enroll
 from spark_memsaver.decide import mok as dmok
@@ -299,7 +300,7 @@ def test_certificate_fields_match_openssl(certs):
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_state_in_process(roots, name):
     root, expected = roots[name]
-    sb = omok.observe(Host(root))
+    sb = world.secure_boot(Host(root))
     assert sb["state"] == expected, sb["reason"]
     assert sb["reason"]
     if expected == "unknown":
@@ -328,7 +329,7 @@ def test_state_through_cli(roots, name):
 
 def test_reasons_are_precise(roots):
     def reason(n):
-        return omok.observe(Host(roots[n][0]))["reason"]
+        return world.secure_boot(Host(roots[n][0]))["reason"]
     assert "runs past the end" in reason("moklist-truncated") and "MokListRT" in reason("moklist-truncated")
     assert "expected 48" in reason("moklist-bad-sigsize")
     assert "oversized" in reason("moklist-oversized")
@@ -340,7 +341,7 @@ def test_reasons_are_precise(roots):
 
 
 def test_details_of_enrolled_split(roots, certs):
-    sb = omok.observe(Host(roots["enrolled-split"][0]))
+    sb = world.secure_boot(Host(roots["enrolled-split"][0]))
     assert sb["where"] == ["MokListRT2"]
     assert sb["secure_boot"] is True and sb["setup_mode"] is False and sb["validation_disabled"] is False
     assert sb["certificate"]["sha256"] == hashlib.sha256(certs["ours"]).hexdigest()
@@ -350,8 +351,8 @@ def test_details_of_enrolled_split(roots, certs):
 
 
 def test_where_db_and_mokvar(roots):
-    assert omok.observe(Host(roots["enrolled-db"][0]))["where"] == ["db"]
-    sb = omok.observe(Host(roots["enrolled-mokvar-table"][0]))
+    assert world.secure_boot(Host(roots["enrolled-db"][0]))["where"] == ["db"]
+    sb = world.secure_boot(Host(roots["enrolled-mokvar-table"][0]))
     assert sb["where"] == ["MokListRT"] and sb["variables"]["MokListRT"]["source"] == "mok-variables"
 
 
@@ -376,7 +377,7 @@ def test_cert_from_dkms_framework_conf_d_with_kernelver(tmp_path, certs):
         "/etc/dkms/framework.conf.d/50-spark.conf": 'mok_certificate="/etc/keys/$kernelver/mok.pem"  # ours\n',
         "/proc/sys/kernel/osrelease": "6.17.0-1014-nvidia\n",
         "/etc/keys/6.17.0-1014-nvidia/mok.pem": certs["pem_path"].read_bytes()})
-    sb = omok.observe(Host(root))
+    sb = world.secure_boot(Host(root))
     assert sb["certificate"]["path"] == "/etc/keys/6.17.0-1014-nvidia/mok.pem"
     assert "50-spark.conf" in sb["certificate"]["origin"] and sb["certificate"]["encoding"] == "pem"
     assert sb["state"] == "enrolled"
@@ -384,17 +385,17 @@ def test_cert_from_dkms_framework_conf_d_with_kernelver(tmp_path, certs):
 
 def test_cert_ubuntu_default(tmp_path, certs):
     root = _sb_root(tmp_path / "r", certs, cert=certs["pem_der"], cert_path=omok.UBUNTU_DEFAULT_CERT, os_id="ubuntu")
-    sb = omok.observe(Host(root))
+    sb = world.secure_boot(Host(root))
     assert sb["certificate"]["path"] == "/var/lib/shim-signed/mok/MOK.der" and sb["state"] == "enrolled"
     root2 = _sb_root(tmp_path / "r2", certs, cert=certs["pem_der"], cert_path=omok.UBUNTU_DEFAULT_CERT,
                      os_id="debian")
-    sb2 = omok.observe(Host(root2))
+    sb2 = world.secure_boot(Host(root2))
     assert sb2["certificate"]["path"] == "/var/lib/dkms/mok.pub" and sb2["state"] == "no-key"
 
 
 def test_cert_option_and_unresolvable_variable(tmp_path, certs):
     root = _sb_root(tmp_path / "r", certs, extra={"/etc/dkms/framework.conf": "mok_certificate=$dkms_tree/x\n"})
-    assert omok.observe(Host(root))["state"] == "unknown"
+    assert world.secure_boot(Host(root))["state"] == "unknown"
     r = _cli("--root", str(root), "mok", "status", "--json", "--cert", str(certs["pem_path"]))
     assert json.loads(r.stdout)["state"] == "enrolled" and r.returncode == 0
 
@@ -414,13 +415,13 @@ def test_kernel_side(tmp_path, certs):
                      certs["ours"], extra={"/proc/keys": keys,
                                            "/sys/kernel/security/lockdown": "none [integrity] confidentiality\n",
                                            "/sys/module/module/parameters/sig_enforce": "N\n"})
-    k = omok.observe(Host(root))["kernel"]
+    k = world.secure_boot(Host(root))["kernel"]
     assert k["lockdown"] == "integrity" and k["sig_enforce"] is False
     assert k["keyrings"][".platform"] == {"present": True, "keys": 2}
     assert k["keyrings"][".machine"] == {"present": True, "keys": 0}
     assert k["key_loaded"] is True and k["key_description"].startswith("DKMS module signing key: ")
     (root / "proc/keys").write_text(keys.splitlines()[0] + "\n" + keys.splitlines()[3] + "\n")
-    assert omok.observe(Host(root))["kernel"]["key_loaded"] is False
+    assert world.secure_boot(Host(root))["kernel"]["key_loaded"] is False
 
 
 # --- the real mokutil -------------------------------------------------------------------------------------
@@ -435,7 +436,7 @@ def _mokutil():
 
 def test_live_state_agrees_with_real_mokutil():
     _mokutil()
-    sb = omok.observe(Host("/"))
+    sb = world.secure_boot(Host("/"))
     r = subprocess.run(["mokutil", "--sb-state"], capture_output=True, text=True)
     out = r.stdout + r.stderr
     if NO_EFI:
@@ -558,7 +559,7 @@ def test_request_record_explains_a_missed_prompt(tmp_path, certs, scenario, reco
         "/proc/sys/kernel/random/boot_id": "boot-B\n",
         omok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": record_boot,
                                         "requested_at": "2026-11-30T01:00:00Z"})})
-    sb = omok.observe(Host(root))
+    sb = world.secure_boot(Host(root))
     assert sb["state"] == expected and sb["last_request"]["boot_id"] == record_boot
     if words:
         assert words in sb["reason"] and "2026-11-30T01:00:00Z" in sb["reason"]
@@ -572,7 +573,7 @@ def test_damaged_request_record_is_ignored(roots):
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("{not json")
     try:
-        sb = omok.observe(Host(root))
+        sb = world.secure_boot(Host(root))
         assert sb["state"] == "not-enrolled" and sb["last_request"] is None
     finally:
         p.unlink()
@@ -636,11 +637,11 @@ def test_image_without_sysfs_is_unknown_never_not_needed(tmp_path, certs):
 
 
 def test_unknown_refusal_names_the_remedy_for_its_cause(roots, tmp_path, certs):
-    sb = omok.observe(Host(roots["efivarfs-unmounted"][0]))
+    sb = world.secure_boot(Host(roots["efivarfs-unmounted"][0]))
     with pytest.raises(SecureBootUnknown) as e:
         dmok.require_installable(sb)
     assert "mount -t efivarfs" in e.value.remedy
-    sb = omok.observe(Host(roots["cert-garbage"][0]))
+    sb = world.secure_boot(Host(roots["cert-garbage"][0]))
     with pytest.raises(SecureBootUnknown) as e:
         enroll.request_enrollment(Host(roots["cert-garbage"][0]), None, "pw")
     assert "/var/lib/dkms/mok.pub" in e.value.remedy and "signing_cert" in e.value.remedy
@@ -648,8 +649,8 @@ def test_unknown_refusal_names_the_remedy_for_its_cause(roots, tmp_path, certs):
 
 
 def _observe_in_child(root: Path, cert: str | None = None, timeout: float = 20):
-    code = ("import json,sys; from spark_memsaver.observe import mok as omok; from spark_memsaver.host import Host; "
-            "print(json.dumps(omok.observe(Host(sys.argv[1]), cert=sys.argv[2] or None)))")
+    code = ("import json,sys; from spark_memsaver import world; from spark_memsaver.host import Host; "
+            "print(json.dumps(world.secure_boot(Host(sys.argv[1]), cert=sys.argv[2] or None)))")
     env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
     r = subprocess.run(["/usr/bin/python3", "-c", code, str(root), cert or ""], capture_output=True, text=True,
                        env=env, timeout=timeout)   # a blocking open of a FIFO runs into this timeout

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from spark_memsaver import world
 from spark_memsaver.act import activate as act_activate
 from spark_memsaver.act import executor
 from spark_memsaver.config import Config
 from spark_memsaver.decide import status as decide_status
 from spark_memsaver.host import Host
-from spark_memsaver.observe import mok as omok
-from spark_memsaver.observe import snapshot as observe
 from tests.support import sparkroot
 from tests.test_mok import A_NV, A_VOLATILE, SB_ON, _openssl_cert, efivar, x509_list
 
@@ -94,7 +93,7 @@ def cli(root: Path, *args):
 
 
 def verdict(root: Path):
-    return decide_status.evaluate(observe.snapshot(Host(root), CFG), CFG)
+    return decide_status.evaluate(world.snapshot(Host(root), CFG), CFG)
 
 
 def sudo_everywhere(findings) -> None:
@@ -219,7 +218,7 @@ def _kernel_root(tmp_path, cert_pem: Path, keys_text: str | None, enrolled: bool
 
 def test_key_in_platform_keyring_is_trusted_by_kernel(tmp_path):
     text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
-    sb = omok.observe(Host(_kernel_root(tmp_path / "r", FIX / "platform-key.pem", text)))
+    sb = world.secure_boot(Host(_kernel_root(tmp_path / "r", FIX / "platform-key.pem", text)))
     k = sb["kernel"]
     assert k["key_description"] == "spark-memsaver test platform key: f0da1c47459a19fe1881249679a15c133e3e717c"
     assert k["key_loaded"] is True and k["trusted_by_kernel"] == "yes"
@@ -239,7 +238,7 @@ def test_key_in_platform_keyring_is_trusted_by_kernel(tmp_path):
 def test_enrolled_in_firmware_but_not_in_the_kernel(tmp_path):
     text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
     root = _kernel_root(tmp_path / "r", FIX / "untrusted-key.pem", text)
-    sb = omok.observe(Host(root))
+    sb = world.secure_boot(Host(root))
     assert sb["state"] == "enrolled" and sb["kernel"]["trusted_by_kernel"] == "no" and not sb["loadable"]
     assert "the running kernel does not trust it" in sb["reason"]
     v = verdict(root)
@@ -255,9 +254,10 @@ def test_key_enrolled_through_mokmanager_before_and_after(tmp_path):
     # boot 1 before the key was confirmed in MokManager, boot 3 after (the kernel put it in .machine)
     before = (FIX / "debian-6.1.0-57-amd64-shim-mok-boot1.txt").read_text()
     after = (FIX / "debian-6.1.0-57-amd64-shim-mok-boot3.txt").read_text()
-    k1 = omok.observe(Host(_kernel_root(tmp_path / "a", FIX / "e2e-mok-key.pem", before, enrolled=False)))["kernel"]
+    k1 = world.secure_boot(Host(_kernel_root(tmp_path / "a", FIX / "e2e-mok-key.pem", before,
+                                             enrolled=False)))["kernel"]
     assert k1["trusted_by_kernel"] == "no" and k1["keyrings"][".machine"] == {"present": True, "keys": 2}
-    sb = omok.observe(Host(_kernel_root(tmp_path / "b", FIX / "e2e-mok-key.pem", after)))
+    sb = world.secure_boot(Host(_kernel_root(tmp_path / "b", FIX / "e2e-mok-key.pem", after)))
     k3 = sb["kernel"]
     assert k3["key_description"] == "spark-memsaver e2e module signing key: 265f68d499b5454e6a847e4b26339e722bccd079"
     assert k3["trusted_by_kernel"] == "yes" and k3["keyrings"][".machine"] == {"present": True, "keys": 3}
@@ -269,9 +269,9 @@ def test_trust_unknown_without_system_keyrings_or_proc_keys(tmp_path):
     text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
     own = "".join(ln + "\n" for ln in text.splitlines() if "_uid" in ln or "user " in ln)
     assert own and ".platform" not in own
-    sb = omok.observe(Host(_kernel_root(tmp_path / "a", FIX / "platform-key.pem", own)))
+    sb = world.secure_boot(Host(_kernel_root(tmp_path / "a", FIX / "platform-key.pem", own)))
     assert sb["kernel"]["trusted_by_kernel"] == "unknown" and sb["loadable"]
-    sb = omok.observe(Host(_kernel_root(tmp_path / "b", FIX / "platform-key.pem", None)))
+    sb = world.secure_boot(Host(_kernel_root(tmp_path / "b", FIX / "platform-key.pem", None)))
     assert sb["kernel"]["trusted_by_kernel"] == "unknown"
 
 

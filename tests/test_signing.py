@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_memsaver import world
 from spark_memsaver.act import signing
 from spark_memsaver.config import Config
 from spark_memsaver.host import Host
@@ -89,7 +90,7 @@ def test_mok_status_reads_the_quoted_dropin_back(tmp_path, pair):
     signing.ensure(host, _cfg(key, cert))
     assert _source_in_bash(root / signing.DROPIN.lstrip("/"), tmp_path) == [key, cert]
     assert omok.dkms_signing_config(host)["mok_certificate"] == cert
-    c = omok.observe(host)["certificate"]
+    c = world.secure_boot(host)["certificate"]
     assert c["path"] == cert and c["present"] and c["origin"].startswith("mok_certificate in")
     assert not mark.exists()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_memsaver import world
 from spark_memsaver import config as cfg
 from spark_memsaver.decide import sources as dsrc
 from spark_memsaver.errors import (ConfigError, SourceChecksumMismatch, SourceFetchDisabled, SourceNotInLists)
@@ -180,31 +181,29 @@ def driver_kernels(version: str, path: str = "/lib/modules/K/kernel/nvidia-580-o
 
 @needs_apt
 def test_observe_real_apt_offers_exact_version(tmp_path, repo):
-    from spark_memsaver.observe import sources as osrc
     root = apt_root(tmp_path / "root", repo)
     host = Host(root)
     drv, kernels = driver_kernels(V)
-    got = osrc.observe(host, cfg.Config(), drv, kernels)
+    got = world.driver_sources(host, cfg.Config(), drv, kernels)
     e = got["by_driver"][V]
     assert got["apt"] == "read" and got["mode"] == "auto"
     assert e == {"present": False, "path": None, "origin": None, "package": PKG, "deb_version": UBU,
                  "in_lists": True, "fetchable": True, "remedy": f"sudo apt-get install {PKG}={UBU}"}
     # source_fetch: never -> not fetchable, the exact command is the remedy
-    never = osrc.observe(host, cfg.Config(source_fetch="never"), drv, kernels)["by_driver"][V]
+    never = world.driver_sources(host, cfg.Config(source_fetch="never"), drv, kernels)["by_driver"][V]
     assert never["fetchable"] is False and never["remedy"] == f"sudo apt-get install {PKG}={UBU}"
     # a driver the repository lacks: not in the lists, no guessed version without an installed sibling
     drv2, k2 = driver_kernels("580.999.01")
-    e2 = osrc.observe(host, cfg.Config(), drv2, k2)["by_driver"]["580.999.01"]
+    e2 = world.driver_sources(host, cfg.Config(), drv2, k2)["by_driver"]["580.999.01"]
     assert e2["in_lists"] is False and e2["fetchable"] is False and e2["remedy"] is None
 
 
 @needs_apt
 def test_observe_root_without_apt_is_unknown(tmp_path):
-    from spark_memsaver.observe import sources as osrc
     root = tmp_path / "bare"
     (root / "etc").mkdir(parents=True)
     drv, kernels = driver_kernels(V)
-    got = osrc.observe(Host(root), cfg.Config(), drv, kernels)
+    got = world.driver_sources(Host(root), cfg.Config(), drv, kernels)
     assert got["apt"] == "unknown"
     assert got["by_driver"][V]["fetchable"] is False and got["by_driver"][V]["in_lists"] is False
 
@@ -232,7 +231,7 @@ def test_fetch_real_apt_download_into_cache_and_snapshot_sees_it(tmp_path, repo)
     drv, kernels = driver_kernels(V)
     src = osrc.cache_sources(host)
     assert src == [{"version": V, "path": paths.source_tree(V), "open": True, "origin": "cache"}]
-    got = osrc.observe(host, cfg.Config(), drv, kernels)
+    got = world.driver_sources(host, cfg.Config(), drv, kernels)
     assert got["by_driver"][V]["present"] is True and got["by_driver"][V]["origin"] == "cache"
     assert got["by_driver"][V]["remedy"] is None and got["by_driver"][V]["fetchable"] is False
     assert got["cache"]["entries"][0]["deb_version"] == UBU and got["cache"]["bytes"] > 0
@@ -549,20 +548,20 @@ def test_apt_read_is_memoised_and_follows_apt_get_update(tmp_path, repo):
     host = Host(root)
     drv, kernels = driver_kernels("580.999.01")
     t0 = _t.monotonic()
-    assert osrc.observe(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]["in_lists"] is False
+    assert world.driver_sources(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]["in_lists"] is False
     cold = _t.monotonic() - t0
     assert (root / paths.SOURCES_CACHE.lstrip("/") / osrc.MEMO).is_file()
     calls = []
     real_run = host.runner.run
     host.runner.run = lambda argv, **kw: (calls.append(argv[0]), real_run(argv, **kw))[1]
     t0 = _t.monotonic()
-    osrc.observe(host, cfg.Config(), drv, kernels)
+    world.driver_sources(host, cfg.Config(), drv, kernels)
     warm = _t.monotonic() - t0
     assert "apt-cache" not in calls, calls
     make_deb(repo, PKG, "580.999.01-0ubuntu1", "580.999.01")
     index(repo)
     update(root)
-    e = osrc.observe(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]
+    e = world.driver_sources(host, cfg.Config(), drv, kernels)["by_driver"]["580.999.01"]
     assert e["in_lists"] is True and e["deb_version"] == "580.999.01-0ubuntu1"
     print(f"apt lists read: cold {cold * 1000:.0f} ms, memoised {warm * 1000:.0f} ms")
 

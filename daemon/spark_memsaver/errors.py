@@ -93,6 +93,12 @@ class SecureBootUnknown(SafetyRefusal):
               "readable; run 'spark-memsaver mok status' for the reason.")
 
 
+class MokError(MemsaverError):
+    """Secure Boot / MOK (decide/mok.py names the cases; observe/mok.py's refused certificate file)."""
+
+    code = "mok-error"
+
+
 class LockTimeout(Busy):
     """A spark-memsaver lock stayed held past the bounded wait."""
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")     # an NVIDIA driver version: 580.142, 550.163.01
+
 
 def base_version(v: str | None) -> str | None:
     """'550.163.01-spark1' -> '550.163.01'; '' or None -> None. Cut at the first '-', '+', '~' or blank."""

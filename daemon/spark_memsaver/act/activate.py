@@ -13,6 +13,7 @@ from spark_memsaver.decide import plan as rc
 from spark_memsaver.errors import EXIT_FAILED, MemsaverError, SafetyRefusal
 from spark_memsaver.host import Host
 from spark_memsaver.observe import snapshot as observe
+from spark_memsaver import world
 
 UVM_DEVICE = "/dev/nvidia-uvm"
 
@@ -70,7 +71,7 @@ def secure_boot_allows(sb: dict) -> None:
 
 def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM_DEVICE,
              proc_host: Host | None = None, dry_run: bool = False) -> dict:
-    snap = observe.snapshot(host, config)
+    snap = world.snapshot(host, config)
     rel = snap["host"]["kernel"]
     k = _kernel(snap, rel) or {}
     sel = k.get("uvm_selected") or {}

@@ -65,8 +65,8 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
                       _step("initramfs", k, "update-initramfs -u -k " + k)]
     elif op == "rollback":
         from spark_memsaver.act import rollback as rb
-        from spark_memsaver.observe import snapshot as observe
-        snap = observe.snapshot(host, config)
+        from spark_memsaver import world
+        snap = world.snapshot(host, config)
         for k in rb._targets(snap, kernel):
             steps += [_step("remove", k["release"], "take our nvidia-uvm away; the stock one is selected"),
                       _step("record", k["release"], f"rollback record: {args.get('reason') or 'requested'} "

@@ -16,7 +16,8 @@ from spark_memsaver.decide.mok import (PASSWORD_MAX, PASSWORD_MIN, MokAlreadyEnr
                                        MokNoKey, MokNotNeeded, MokPendingDelete, MokutilFailed)
 from spark_memsaver.errors import NotPermitted, SecureBootUnknown, Unsupported
 from spark_memsaver import efi as ev
-from spark_memsaver.observe.mok import BOOT_ID, REQUEST_RECORD, locate_certificate, observe
+from spark_memsaver.observe.mok import BOOT_ID, REQUEST_RECORD, locate_certificate
+from spark_memsaver.world import secure_boot
 
 
 CONSOLE_STEPS = (
@@ -192,7 +193,7 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
 
     Refuses (named error) unless the state is not-enrolled; verifies afterwards that the request is recorded."""
     check_console_timeout(wait_at_console, console_timeout)
-    before = observe(host, cert=cert, config=config)
+    before = secure_boot(host, cert=cert, config=config)
     _refuse_for(before)
     check_password(password)
     _require_live_root(host, "mok enroll")
@@ -214,7 +215,7 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
         if not timeout_set:
             warnings.append(f"mokutil --timeout {arg} failed (" + _mokutil_message(r) + "): MokManager will wait "
                             "only 10 seconds for a key press")
-    after = observe(host, cert=cert, config=config)
+    after = secure_boot(host, cert=cert, config=config)
     if after["state"] != "pending-enroll":
         raise MokutilFailed(f"mokutil reported success but the key is not in MokNew (state {after['state']}: "
                             f"{after['reason']}); mokutil said: {imp['message']}",
@@ -241,7 +242,7 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
 
 def cancel_enrollment(host, config=None, cert: str | None = None) -> dict:
     """``mokutil --revoke-import``: drop the pending request (all keys in MokNew, and MokAuth)."""
-    before = observe(host, cert=cert, config=config)
+    before = secure_boot(host, cert=cert, config=config)
     v = before.get("variables", {})
     pending = bool(v.get("MokNew", {}).get("present")) or bool(v.get("MokAuth", {}).get("present"))
     if not pending:
@@ -252,7 +253,7 @@ def cancel_enrollment(host, config=None, cert: str | None = None) -> dict:
         raise MokutilFailed(f"mokutil --revoke-import failed (exit {r.returncode}): {_mokutil_message(r)}",
                             returncode=r.returncode)
     clear_request_record(host)
-    after = observe(host, cert=cert, config=config)
+    after = secure_boot(host, cert=cert, config=config)
     return {"cancelled": True, "dropped_entries": v.get("MokNew", {}).get("entries", {}),
             "state_before": before["state"], "state": after["state"]}
 
@@ -268,7 +269,7 @@ def plan_enrollment(host, config, cert: str | None = None, wait_at_console: bool
     """What ``request_enrollment`` would ask mokutil for: the same option check and state refusals (named
     errors), then the commands; no password is read, mokutil is not called, no record is written."""
     check_console_timeout(wait_at_console, console_timeout)
-    before = observe(host, cert=cert, config=config)
+    before = secure_boot(host, cert=cert, config=config)
     _refuse_for(before)
     c = before.get("certificate") or {}
     would = [["mokutil", "--import", f"<DER copy of {c.get('path')}>", "--hash-file",
@@ -283,7 +284,7 @@ def plan_enrollment(host, config, cert: str | None = None, wait_at_console: bool
 
 def plan_cancel(host, config=None, cert: str | None = None) -> dict:
     """What ``cancel_enrollment`` would do: ``mokutil --revoke-import`` when a request is pending, else nothing."""
-    before = observe(host, cert=cert, config=config)
+    before = secure_boot(host, cert=cert, config=config)
     v = before.get("variables", {})
     pending = bool(v.get("MokNew", {}).get("present")) or bool(v.get("MokAuth", {}).get("present"))
     return {"dry_run": True, "cancelled": False, "pending": pending, "state": before["state"],

@@ -34,6 +34,7 @@ from spark_memsaver.decide import plan as rc
 from spark_memsaver.errors import LockTimeout, UsageError
 from spark_memsaver.host import Host, holds, intents, locks
 from spark_memsaver.observe import snapshot as observe
+from spark_memsaver import world
 
 OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install")
 LOCK_WAIT = 1800.0      # a build of nvidia-uvm takes minutes on 2 cores: wait for it, but never forever
@@ -180,7 +181,7 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, sn
     chg = apt_facts.gather(host, chg)
     for c in chg:
         c["effect"] = apt_plan.package_effect(c)
-    snap = snap if snap is not None else observe.snapshot(host, config)   # one snapshot per door run
+    snap = snap if snap is not None else world.snapshot(host, config)   # one snapshot per door run
     verdict = apt_plan.assess(snap, chg)
     steps = verdict["steps"]
     results = st.execute(host, config, steps, snap, progress, problems)

@@ -20,6 +20,7 @@ from spark_memsaver.decide.installability import installability
 from spark_memsaver.host import Host
 from spark_memsaver.act import records_io as rio
 from spark_memsaver.observe import snapshot as observe_mod
+from spark_memsaver import world
 from spark_memsaver.versions import base_version
 
 
@@ -27,7 +28,7 @@ def observe_for_plan(host: Host, config: Config | None = None) -> dict:
     """The snapshot plus what the planner needs that the snapshot does not carry yet: each kernel's
     policy facts (decide/policy.py) and the build records (what the installed builds were made with)."""
     from spark_memsaver.decide import policy
-    snap = observe_mod.snapshot(host, config)
+    snap = world.snapshot(host, config)
     for k in snap.get("kernels", []):
         if "kconfig" not in k:
             k.update(policy.kernel_facts(observe_mod.kernel_config(host, k["release"])))

@@ -175,9 +175,9 @@ def _install_one(host: Host, config, kernel: str, progress) -> dict:
 
 
 def _secure_boot(host: Host) -> dict:
-    from spark_memsaver.observe.snapshot import observe_secure_boot
+    from spark_memsaver import world
     try:
-        return observe_secure_boot(host)
+        return world.secure_boot(host)
     except Exception as e:
         return {"state": "unknown", "reason": str(e)}
 

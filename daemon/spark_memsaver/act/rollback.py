@@ -12,7 +12,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.errors import MemsaverError, UsageError
 from spark_memsaver.host import Host
-from spark_memsaver.observe import snapshot as observe
+from spark_memsaver import world
 
 
 def unknown_kernel(kernel: str) -> MemsaverError:
@@ -31,7 +31,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
              kernel: str | None = None, code: str = "requested", remedy: str = "",
              problems: list | None = None) -> dict:
     problems = [] if problems is None else problems
-    snap = observe.snapshot(host, config)
+    snap = world.snapshot(host, config)
     if kernel is not None and not any(k["release"] == kernel for k in snap["kernels"]):
         raise unknown_kernel(kernel)
     targets = _targets(snap, kernel)

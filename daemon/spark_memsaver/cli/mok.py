@@ -10,7 +10,7 @@ import sys
 from spark_memsaver.act.enroll import (_refuse_for, _require_live_root, cancel_enrollment, check_console_timeout,
                                        plan_cancel, plan_enrollment, request_enrollment)
 from spark_memsaver.decide.mok import exit_code
-from spark_memsaver.observe.mok import observe
+from spark_memsaver.world import secure_boot
 from spark_memsaver.report.mok import render_text
 
 
@@ -81,7 +81,7 @@ def register(cli) -> None:
 
         Exit status: 0 enrolled or not needed, 1 not loadable yet (no-key, not-enrolled, pending-*, blocked),
         2 unknown."""
-        sb = observe(obj.host, cert=cert, config=None if cert else obj.config)
+        sb = secure_boot(obj.host, cert=cert, config=None if cert else obj.config)
         click.echo(json.dumps(sb, indent=2) if as_json else render_text(sb))
         return exit_code(sb)
 
@@ -112,7 +112,7 @@ def register(cli) -> None:
             click.echo(json.dumps(plan, indent=2) if as_json else "\n".join(_dry_enroll_text(plan)))
             return 0
         check_console_timeout(wait_at_console, console_timeout)
-        before = observe(obj.host, cert=cert, config=config)
+        before = secure_boot(obj.host, cert=cert, config=config)
         _refuse_for(before)                      # refuse before asking for a password
         _require_live_root(obj.host, "mok enroll")
         pw = _read_password(password_file, password_stdin)

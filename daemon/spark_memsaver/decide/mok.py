@@ -8,34 +8,20 @@ States: not-needed, no-key, not-enrolled, pending-enroll, enrolled, pending-dele
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from spark_memsaver.errors import EXIT_PROBLEM, EXIT_USAGE, MemsaverError, SecureBootUnknown
+from spark_memsaver.errors import EXIT_PROBLEM, EXIT_USAGE, MokError, SecureBootUnknown
 from spark_memsaver import efi as ev
+# what was read, typed (re-exported: decide/mok.parse_efi, RawEfi, CertInfo ... stay importable from here)
+from spark_memsaver.efi.mokvars import (EFI_DIR, EFIVARS_DIR, LISTS, MOKVAR_DIR, MOKVAR_NAMES,  # noqa: F401
+                                        PRESENCE, SCALARS, CertInfo, MokReading, ParsedEfi, RawEfi, Var, parse_efi)
 
 STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete", "blocked",
           "unknown")
 LOADABLE = ("not-needed", "enrolled")
 PASSWORD_MIN, PASSWORD_MAX = 1, 256          # mokutil's limits for an import password
 
-EFI_DIR = "/sys/firmware/efi"
-EFIVARS_DIR = "/sys/firmware/efi/efivars"
-MOKVAR_DIR = "/sys/firmware/efi/mok-variables"
-
-# Variables we read: name -> GUID. MokListRT continuations (MokListRT1, ...) are found by listing.
-SCALARS = {"SecureBoot": ev.EFI_GLOBAL_VARIABLE, "SetupMode": ev.EFI_GLOBAL_VARIABLE,
-           "MokSBStateRT": ev.SHIM_LOCK_GUID}
-LISTS = {"MokListRT": ev.SHIM_LOCK_GUID, "MokListXRT": ev.SHIM_LOCK_GUID, "MokNew": ev.SHIM_LOCK_GUID,
-         "MokDel": ev.SHIM_LOCK_GUID, "db": ev.EFI_IMAGE_SECURITY_DATABASE, "dbx": ev.EFI_IMAGE_SECURITY_DATABASE}
-PRESENCE = {"MokAuth": ev.SHIM_LOCK_GUID, "MokDelAuth": ev.SHIM_LOCK_GUID, "MokListTrustedRT": ev.SHIM_LOCK_GUID,
-            "MokTimeout": ev.SHIM_LOCK_GUID}
-MOKVAR_NAMES = ("MokListRT", "MokListXRT")    # shim's config table, preferred by mokutil when present
-
 # --- named errors ------------------------------------------------------------------------------------
-
-class MokError(MemsaverError):
-    code = "mok-error"
-
 
 class MokNotNeeded(MokError):
     code = "mok-not-needed"
@@ -93,127 +79,6 @@ class MokutilFailed(MokError):
 SYSFS_MISSING_REMEDY = ("A system image carries no firmware variables: run 'spark-memsaver mok status' on the "
                         "booted node itself, or bind-mount its /sys (sudo mount --rbind /sys ROOT/sys) before "
                         "inspecting with --root.")
-
-# --- what was read (observe/mok.py fills it) ---------------------------------------------------------
-
-@dataclass
-class RawEfi:
-    """Exactly what was read, nothing interpreted. files: name -> bytes | None (absent) | str (read error)."""
-    efi: bool
-    efivarfs: bool                     # efivars directory exists and lists at least one variable
-    listing_error: str | None = None
-    files: dict = field(default_factory=dict)
-    continuations: list = field(default_factory=list)   # MokListRT<N> names present, sorted by N
-    mokvar: dict = field(default_factory=dict)          # name -> bytes | str (read error)
-
-
-# --- parsing (pure) --------------------------------------------------------------------------------------
-
-@dataclass
-class Var:
-    name: str
-    present: bool
-    source: str = ""                   # "efivarfs" or "mok-variables"
-    error: str | None = None           # why it could not be used (unknown)
-    attributes: int | None = None
-    value: int | None = None           # scalars
-    lists: list = field(default_factory=list)
-
-    def summary(self) -> dict:
-        d = {"present": self.present}
-        if not self.present and not self.error:
-            return d
-        d["source"] = self.source
-        if self.attributes is not None:
-            d["attributes"] = f"0x{self.attributes:08x}"
-        if self.value is not None:
-            d["value"] = self.value
-        if self.lists:
-            d.update(ev.summarize(self.lists))
-        if self.error:
-            d["error"] = self.error
-        return d
-
-
-@dataclass
-class ParsedEfi:
-    efi: bool
-    efivarfs: bool
-    listing_error: str | None
-    vars: dict                          # name -> Var
-    moklist_parts: list                 # names making up MokListRT, in order
-
-
-def _parse_scalar(name: str, raw) -> Var:
-    if raw is None:
-        return Var(name, False)
-    if isinstance(raw, str):
-        return Var(name, True, "efivarfs", error=raw)
-    try:
-        v = ev.parse_efivarfs(raw, name)
-        return Var(name, True, "efivarfs", attributes=v.attributes, value=ev.parse_uint_flag(v))
-    except ev.EfiFormatError as e:
-        return Var(name, True, "efivarfs", error=e.message)
-
-
-def _parse_list(name: str, raw, source: str = "efivarfs") -> Var:
-    if raw is None:
-        return Var(name, False)
-    if isinstance(raw, str):
-        return Var(name, True, source, error=raw)
-    try:
-        if source == "efivarfs":
-            v = ev.parse_efivarfs(raw, name)
-            return Var(name, True, source, attributes=v.attributes,
-                       lists=ev.parse_signature_lists(v.data, name, base_offset=4))
-        return Var(name, True, source, lists=ev.parse_signature_lists(raw, name))
-    except ev.EfiFormatError as e:
-        return Var(name, True, source, error=e.message)
-
-
-def parse_efi(raw: RawEfi) -> ParsedEfi:
-    vs: dict = {}
-    for name in SCALARS:
-        vs[name] = _parse_scalar(name, raw.files.get(name))
-    parts = ["MokListRT"]
-    for name in LISTS:
-        if name in raw.mokvar:
-            vs[name] = _parse_list(name, raw.mokvar[name], "mok-variables")
-        else:
-            vs[name] = _parse_list(name, raw.files.get(name))
-    if "MokListRT" not in raw.mokvar:
-        for name in raw.continuations:
-            vs[name] = _parse_list(name, raw.files.get(name))
-            parts.append(name)
-    for name in PRESENCE:
-        r = raw.files.get(name)
-        vs[name] = Var(name, r is not None, "efivarfs", error=r if isinstance(r, str) else None)
-    return ParsedEfi(raw.efi, raw.efivarfs, raw.listing_error, vs, parts)
-
-
-# --- certificate ----------------------------------------------------------------------------------------
-
-@dataclass
-class CertInfo:
-    path: str | None
-    origin: str                         # "--cert", "config signing_cert", "dkms framework.conf", default...
-    present: bool = False
-    error: str | None = None            # unreadable / not a certificate / unresolvable path -> unknown
-    cert: ev.Certificate | None = None
-    encoding: str | None = None
-
-    def summary(self) -> dict:
-        d = {"path": self.path, "origin": self.origin, "present": self.present}
-        if self.cert is not None:
-            c = self.cert
-            d.update({"encoding": self.encoding, "sha256": c.sha256, "sha1": c.sha1, "subject": c.subject_text,
-                      "issuer": c.issuer_text, "serial": c.serial.hex(), "not_before": c.not_before,
-                      "not_after": c.not_after, "key_id": c.skid.hex() if c.skid is not None else None,
-                      "kernel_description": c.kernel_key_description})
-        if self.error:
-            d["error"] = self.error
-        return d
-
 
 # --- decision (pure) -------------------------------------------------------------------------------------
 
@@ -344,6 +209,49 @@ def decide(p: ParsedEfi, c: CertInfo, request: dict | None = None, boot_id: str 
         reason += " (MokListRT is absent: this boot did not go through shim, so MokManager cannot enroll it)"
     return Decision("not-enrolled", reason + ": modules signed with it will not load while Secure Boot is on",
                     ENROLL_STEPS[:1].upper() + ENROLL_STEPS[1:] + ".")
+
+def _sb_flag(parsed: ParsedEfi, value: int | None) -> bool | None:
+    if not parsed.efi:
+        return None if parsed.listing_error else False
+    if value is not None:
+        return bool(value)
+    if parsed.efivarfs and not parsed.vars["SecureBoot"].present:
+        return False
+    return None
+
+
+def section(r: MokReading) -> dict:
+    """The ``secure_boot`` section of the snapshot and the status document: the verdict over one reading
+    (observe/mok.read), with what it was decided from."""
+    parsed, ci, kern = r.parsed, r.cert, r.kernel
+    d = decide(parsed, ci, r.request, r.boot_id)
+    v = parsed.vars
+    sb = v["SecureBoot"].value if v["SecureBoot"].present and not v["SecureBoot"].error else None
+    sm = v["SetupMode"].value if v["SetupMode"].present and not v["SetupMode"].error else None
+    mokv = v["MokSBStateRT"]
+    reason = d.reason
+    if d.state == "enrolled" and kern.get("trusted_by_kernel") == "yes":
+        reason += "; trusted by the running kernel (" + kern["trust_reason"] + ")"
+    elif d.state == "enrolled" and kern.get("trusted_by_kernel") == "no":
+        reason += "; but the running kernel does not trust it: " + kern["trust_reason"]
+    return {
+        "state": d.state,
+        "reason": reason,
+        "remedy": d.remedy,
+        "loadable": d.state in LOADABLE and not (d.state == "enrolled" and kern.get("trusted_by_kernel") == "no"),
+        "efi": parsed.efi,
+        "secure_boot": _sb_flag(parsed, sb),
+        "setup_mode": bool(sm) if sm is not None else None,
+        "validation_disabled": (bool(mokv.value) and not mokv.attributes & ev.ATTR_NON_VOLATILE)
+        if mokv.present and not mokv.error else (False if parsed.efi and parsed.efivarfs else None),
+        "certificate": ci.summary(),
+        "where": list(d.where),
+        "last_request": r.request,
+        "variables": {n: x.summary() for n, x in v.items()} if parsed.efi else {},
+        "moklist_trusted": v["MokListTrustedRT"].present if parsed.efivarfs else None,
+        "kernel": kern,
+    }
+
 
 # The Secure Boot path, always in this order: request (sudo) -> reboot and confirm at the console -> ours
 # becomes active by itself at that boot. Until then the guard keeps the stock nvidia-uvm loaded.

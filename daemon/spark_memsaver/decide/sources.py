@@ -1,5 +1,6 @@
 """Which package carries an NVIDIA driver's open kernel-module source, and the exact command that installs it.
-Pure: no I/O (observe/sources.py reads APT and the cache; act/source_fetch.py downloads).
+Pure: no I/O (observe/sources.py reads APT and the cache; :func:`section` decides snap["driver_sources"] over
+its facts; act/source_fetch.py downloads).
 
 Layouts that exist (package -> where its tree lands):
   Ubuntu (archive, DGX OS)  nvidia-kernel-source-<branch>-open         /usr/src/nvidia-<version>/
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
+from spark_memsaver.versions import DRIVER_RE
 # Debian policy 5.6.1 (package names) and 5.6.12 (versions): what an argument of apt-get may contain.
 PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 DEB_VERSION_RE = re.compile(r"^(?:\d+:)?[0-9][A-Za-z0-9.+~:-]*$")
@@ -147,3 +148,35 @@ def entry(driver_version: str, mode: str, present: dict | None, chosen: dict, li
             "package": pkg, "deb_version": dv, "in_lists": in_lists,
             "fetchable": present is None and mode == "auto" and in_lists,
             "remedy": None if present is not None else remedy}
+
+
+def candidates(facts: dict) -> dict[str, list[dict]]:
+    """{driver version: its source packages, in preference order} for each installed driver whose source is
+    missing (``facts``: observe/sources.facts)."""
+    return {v: source_package(v, facts["layouts"][v]) for v in facts["missing"]}
+
+
+def packages_to_ask(facts: dict) -> list[str]:
+    """The packages whose versions APT's lists must be asked for (observe/sources.offered)."""
+    return sorted({c["package"] for cs in candidates(facts).values() for c in cs})
+
+
+def section(facts: dict, lists: dict | None, apt_known: bool) -> dict:
+    """snap["driver_sources"]: the mode, the cache, and per installed driver where its source is or how to get it.
+    ``lists``: what APT's lists offer for :func:`packages_to_ask` (None: they could not be read);
+    ``apt_known``: whether this host's APT state can be read at all."""
+    mode, trees, entries, installed = facts["mode"], facts["trees"], facts["entries"], facts["installed"]
+    cands = candidates(facts)
+    by_driver = {}
+    for v in facts["versions"]:
+        tree = next((t for t in trees if t.get("version") == v), None)
+        present = {"path": tree["path"], "origin": tree.get("origin", "usr-src")} if tree else None
+        chosen = choose(v, cands.get(v, []), lists or {}, installed) if tree is None else \
+            {"package": None, "deb_version": None, "in_lists": False}
+        if tree is not None:
+            rec = next((e for e in entries if e["path"] == tree["path"]), None)
+            if rec:
+                chosen = {"package": rec.get("package"), "deb_version": rec.get("deb_version"), "in_lists": False}
+        by_driver[v] = entry(v, mode, present, chosen, lists_known=lists is not None)
+    return {"mode": mode, "apt": "read" if apt_known else "unknown", "cache": facts["cache"],
+            "by_driver": by_driver, "pending": facts["pending"]}

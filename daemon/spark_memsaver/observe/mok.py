@@ -2,9 +2,9 @@
 table (``/sys/firmware/efi/mok-variables``), the signing certificate file (opened without blocking or following
 a link), ``/sys/kernel/security/lockdown``, ``/proc/keys`` -- all through ``host.path()``.
 
-:func:`observe` is the ``secure_boot`` section of the snapshot: these readings handed to decide/mok.py's pure
-verdict. The certificate is the caller's (``--cert``, or the ``config`` it runs with); the host's config file is
-read only when no config is given.
+:func:`read` gathers one ``MokReading`` (efi/mokvars.py); decide/mok.section is the verdict over it, and
+spark_memsaver/world.secure_boot the two together. The certificate is the caller's (``--cert``, or the
+``config`` it runs with); the host's config file is read only when no config is given.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import re
 import shlex
 import stat
 
-from spark_memsaver.decide.mok import (EFI_DIR, EFIVARS_DIR, LISTS, LOADABLE, MOKVAR_DIR, MOKVAR_NAMES, PRESENCE,
-                                       SCALARS, CertInfo, MokError, ParsedEfi, RawEfi, decide, parse_efi)
-from spark_memsaver.errors import MemsaverError
+from spark_memsaver.efi.mokvars import (EFI_DIR, EFIVARS_DIR, LISTS, MOKVAR_DIR, MOKVAR_NAMES, PRESENCE, SCALARS,
+                                        CertInfo, MokReading, RawEfi, parse_efi)
+from spark_memsaver.errors import MemsaverError, MokError
 from spark_memsaver.host import paths
 from spark_memsaver import efi as ev
 
@@ -328,49 +328,12 @@ def read_request_record(host) -> dict | None:
 
 
 
-def _sb_flag(parsed: ParsedEfi, value: int | None) -> bool | None:
-    if not parsed.efi:
-        return None if parsed.listing_error else False
-    if value is not None:
-        return bool(value)
-    if parsed.efivarfs and not parsed.vars["SecureBoot"].present:
-        return False
-    return None
-
-
-def observe(host, cert: str | None = None, config=None) -> dict:
-    """The ``secure_boot`` section of the status document."""
+def read(host, cert: str | None = None, config=None) -> MokReading:
+    """Everything the verdict needs, read once: the EFI variables (parsed), the certificate, our request record,
+    the boot id and the kernel's keyrings."""
     if config is None and cert is None:
         config = _load_config(host)
     parsed = parse_efi(read_efi(host))
     ci = locate_certificate(host, cert, config)
-    request = read_request_record(host)
-    d = decide(parsed, ci, request, (host.read_text(BOOT_ID) or "").strip() or None)
-    v = parsed.vars
-    sb = v["SecureBoot"].value if v["SecureBoot"].present and not v["SecureBoot"].error else None
-    sm = v["SetupMode"].value if v["SetupMode"].present and not v["SetupMode"].error else None
-    mokv = v["MokSBStateRT"]
-    kern = read_kernel(host, ci.cert)
-    reason = d.reason
-    if d.state == "enrolled" and kern.get("trusted_by_kernel") == "yes":
-        reason += "; trusted by the running kernel (" + kern["trust_reason"] + ")"
-    elif d.state == "enrolled" and kern.get("trusted_by_kernel") == "no":
-        reason += "; but the running kernel does not trust it: " + kern["trust_reason"]
-    out = {
-        "state": d.state,
-        "reason": reason,
-        "remedy": d.remedy,
-        "loadable": d.state in LOADABLE and not (d.state == "enrolled" and kern.get("trusted_by_kernel") == "no"),
-        "efi": parsed.efi,
-        "secure_boot": _sb_flag(parsed, sb),
-        "setup_mode": bool(sm) if sm is not None else None,
-        "validation_disabled": (bool(mokv.value) and not mokv.attributes & ev.ATTR_NON_VOLATILE)
-        if mokv.present and not mokv.error else (False if parsed.efi and parsed.efivarfs else None),
-        "certificate": ci.summary(),
-        "where": list(d.where),
-        "last_request": request,
-        "variables": {n: x.summary() for n, x in v.items()} if parsed.efi else {},
-        "moklist_trusted": v["MokListTrustedRT"].present if parsed.efivarfs else None,
-        "kernel": kern,
-    }
-    return out
+    return MokReading(parsed, ci, read_request_record(host), (host.read_text(BOOT_ID) or "").strip() or None,
+                      read_kernel(host, ci.cert))

@@ -1,6 +1,8 @@
-"""Observe: one snapshot of the host, read through a root prefix, as a plain JSON-able dict.
+"""Observe: one snapshot of the host, read through a root prefix, as a plain dict of facts.
 
-Nothing here decides anything; decide.py does that from the snapshot.
+Nothing here decides anything: two sections are readings that spark_memsaver/world.py hands to decide/ before
+anyone else sees the snapshot -- "secure_boot" (an efi/mokvars.MokReading; decide/mok.section) and
+"driver_sources" (observe/sources.facts; decide/sources.section). world.snapshot is the snapshot to use.
 """
 
 from __future__ import annotations
@@ -231,15 +233,6 @@ def observe_dkms(host: Host) -> dict:
     return {"available": host.exists("/usr/sbin/dkms") or host.exists("/usr/bin/dkms"), "registrations": regs}
 
 
-# --- Secure Boot (observe/mok.py reads it) -----------------------------------------------------
-
-def observe_secure_boot(host: Host, config=None) -> dict:
-    """config: the caller's (its signing_cert names our certificate); None: the host's config file."""
-    from spark_memsaver.observe import mok
-
-    return mok.observe(host, config=config)
-
-
 # --- memory ------------------------------------------------------------------------------------
 
 def observe_memory(host: Host, uvm: dict) -> dict:
@@ -350,6 +343,7 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
 
 def snapshot(host: Host, config=None) -> dict:
     """Everything observed. config: the caller's (--config, the daemon's); never reloaded here when given."""
+    from spark_memsaver.observe import mok
     t0 = time.monotonic()
     h = observe_host(host)
     unknown = []
@@ -371,7 +365,7 @@ def snapshot(host: Host, config=None) -> dict:
         "uvm": uvm,
         "kernels": kernels,
         "dkms": observe_dkms(host),
-        "secure_boot": observe_secure_boot(host, config),
+        "secure_boot": mok.read(host, config=config),      # config's signing_cert names our certificate
         "holders": uvm_holders(host),
         "memory": observe_memory(host, uvm),
         "records": observe_records(host),
@@ -380,7 +374,7 @@ def snapshot(host: Host, config=None) -> dict:
     from spark_memsaver.observe import sources as driver_sources
     cached = driver_sources.cache_entries(host)
     snap["driver"]["sources"] += driver_sources.cache_sources(host, cached)
-    snap["driver_sources"] = driver_sources.observe(host, config, snap["driver"], kernels, cached)
+    snap["driver_sources"] = driver_sources.facts(host, config, snap["driver"], kernels, cached)
     snap["hazard_inputs"] = observe_hazard_inputs(host, h, snap["driver"], kernels)
     from spark_memsaver.observe import guardlog
     snap["guard"] = {"ours_load_failed": guardlog.ours_load_failed(host, h["kernel"])}

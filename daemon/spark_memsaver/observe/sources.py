@@ -1,7 +1,8 @@
 """Observe: where each installed NVIDIA driver's open kernel-module source is (/usr/src, or our cache in
 /var/cache/spark-memsaver/sources) and, when it is missing, which exact package version APT's lists offer.
 
-    observe(host, config, driver, kernels) -> snap["driver_sources"]   (shape: decide/sources.py, interfaces.md)
+    facts(host, config, driver, kernels) -> what decide/sources.section decides snap["driver_sources"] over
+    offered(host, packages)              -> what APT's lists offer (the packages: decide/sources.packages_to_ask)
     cache_sources(host)  -> the cached trees, in snap["driver"]["sources"]'s shape with "origin": "cache"
 
 APT is read with its own tools (apt-cache madison / show, dpkg-query) through the host's runner. A --root host
@@ -17,9 +18,9 @@ import logging
 import os
 import re
 
-from spark_memsaver.decide import sources as dsrc
 from spark_memsaver.host import Host, paths
 from spark_memsaver.errors import MemsaverError
+from spark_memsaver.versions import DRIVER_RE, base_version as _base
 
 log = logging.getLogger("spark_memsaver.observe.sources")
 
@@ -222,16 +223,12 @@ def cache_summary(host: Host, entries: list[dict]) -> dict:
 
 # --- the snapshot key ----------------------------------------------------------------------------
 
-def _base(v: str | None) -> str | None:
-    return re.split(r"[-+~ ]", v.strip(), maxsplit=1)[0] or None if v else None
-
-
 def installed_drivers(driver: dict, kernels: list[dict]) -> list[str]:
     """The driver versions in effect: the loaded nvidia, and each kernel's installed nvidia.ko."""
     out = []
     for v in [_base(driver.get("loaded_version"))] + [_base((k.get("nvidia_selected") or {}).get("version"))
                                                       for k in kernels]:
-        if v and dsrc.DRIVER_RE.match(v) and v not in out:
+        if v and DRIVER_RE.match(v) and v not in out:
             out.append(v)
     return out
 
@@ -251,8 +248,10 @@ def pending(host: Host) -> dict | None:
         return None
 
 
-def observe(host: Host, config, driver: dict, kernels: list[dict], entries: list[dict] | None = None) -> dict:
-    """snap["driver_sources"]: the mode, the cache, and per installed driver where its source is or how to get it."""
+def facts(host: Host, config, driver: dict, kernels: list[dict], entries: list[dict] | None = None) -> dict:
+    """What snap["driver_sources"] is decided over (decide/sources.section): the mode, the source trees (/usr/src
+    and the cache), the driver versions in effect, which of them have no tree, and for those the system's
+    layout (os-release, nvidia.ko, dpkg's NVIDIA packages)."""
     mode = getattr(config, "source_fetch", "auto") if config is not None else "auto"
     entries = cache_entries(host) if entries is None else entries
     trees = [s for s in (driver.get("sources") or []) if s.get("open", True)]
@@ -260,21 +259,6 @@ def observe(host: Host, config, driver: dict, kernels: list[dict], entries: list
     versions = installed_drivers(driver, kernels)
     missing = [v for v in versions if not any(t.get("version") == v for t in trees)]
     installed = installed_packages(host) if missing else {}
-    layouts = {v: layout_for(host, v, kernels, installed) for v in missing}
-    cands = {v: dsrc.source_package(v, layouts[v]) for v in missing}
-    pkgs = sorted({c["package"] for cs in cands.values() for c in cs})
-    lists = offered(host, pkgs) if pkgs else {}
-    by_driver = {}
-    for v in versions:
-        tree = next((t for t in trees if t.get("version") == v), None)
-        present = {"path": tree["path"], "origin": tree.get("origin", "usr-src")} if tree else None
-        chosen = dsrc.choose(v, cands.get(v, []), lists or {}, installed) if tree is None else \
-            {"package": None, "deb_version": None, "in_lists": False}
-        if tree is not None:
-            rec = next((e for e in entries if e["path"] == tree["path"]), None)
-            if rec:
-                chosen = {"package": rec.get("package"), "deb_version": rec.get("deb_version"), "in_lists": False}
-        by_driver[v] = dsrc.entry(v, mode, present, chosen, lists_known=lists is not None)
-    apt_known = lists is not None if pkgs else apt_options(host) is not None   # nothing to ask: can it be read
-    return {"mode": mode, "apt": "read" if apt_known else "unknown", "cache": cache_summary(host, entries),
-            "by_driver": by_driver, "pending": pending(host)}
+    return {"mode": mode, "trees": trees, "entries": entries, "versions": versions, "missing": missing,
+            "installed": installed, "layouts": {v: layout_for(host, v, kernels, installed) for v in missing},
+            "cache": cache_summary(host, entries), "pending": pending(host)}

@@ -1,4 +1,4 @@
-"""The text of `spark-memsaver mok status`: the Secure Boot / MOK reading (observe/mok.observe) as rows."""
+"""The text of `spark-memsaver mok status`: the Secure Boot / MOK section (world.secure_boot) as rows."""
 
 from __future__ import annotations
 
