@@ -12,17 +12,22 @@ from pathlib import Path
 from spark_memsaver.act import signing as sig
 from spark_memsaver.decide import policy
 from spark_memsaver.errors import MemsaverError, SecureBootUnknown
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, records
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.act.dkms_errors import InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
-from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _read_json, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
+from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
 
 
 def _stock_record_path(kernel: str) -> str:
     return f"{STATE_DIR}/{kernel}.json"
+
+
+def _stock_record(host: Host, kernel: str) -> dict | None:
+    """The stock record, typed (host/records.py), or None when absent or bad."""
+    return records.one(host, "stock", _stock_record_path(kernel))
 
 
 def _other_dkms_owner(host: Host, kernel: str, path: str) -> dict | None:
@@ -126,7 +131,7 @@ def _install_one(host: Host, config, kernel: str, progress) -> dict:
     ver = b["dkms_version"]
     progress(0.9, f"installing {PACKAGE}/{ver} for {kernel}")
     before = selected(host, kernel, MODULE)
-    rec = _read_json(host, _stock_record_path(kernel)) or {}
+    rec = _stock_record(host, kernel) or {}
     if before and not before.get("ours"):
         rec = {"kernel": kernel, "stock_path": before["path"], "stock_sha256": before["sha256"],
                "stock_version": before.get("version"),
@@ -198,7 +203,7 @@ def install(host: Host, config, kernel: str | None = None, all_kernels: bool = F
 
 def restore_stock(host: Host, kernel: str) -> dict:
     """Make the stock nvidia-uvm the selected one for `kernel` again, whatever DKMS did; verify it."""
-    rec = _read_json(host, _stock_record_path(kernel)) or {}
+    rec = _stock_record(host, kernel) or {}
     actions = []
     # 1. Any copy of ours left at our install path (DKMS 3.0.x refused/partial runs) goes.
     for s in _SUFFIXES:
@@ -264,7 +269,7 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
     kernels, _ = _target_kernels(host, config, kernel, all_kernels, for_remove=True)
     if kernel and not any(kernel in kernels_of(host, v) or installed_version(host, kernel)
                           for v in registered_versions(host)) \
-            and not _read_json(host, _stock_record_path(kernel)):
+            and not _stock_record(host, kernel):
         res = restore_stock(host, kernel)
         if not res["ok"]:
             raise StockNotRestored("; ".join(res["problems"]), kernel=kernel)

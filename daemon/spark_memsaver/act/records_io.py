@@ -19,7 +19,7 @@ import json
 import os
 
 from spark_memsaver.errors import EXIT_FAILED, MemsaverError
-from spark_memsaver.host import Host, intents
+from spark_memsaver.host import Host, intents, records
 
 BUILDS = f"{intents.STATE_DIR}/builds"
 BUILD_SCHEMA = 1
@@ -115,17 +115,7 @@ def clear_build(host: Host, kernel: str) -> None:
 
 def read_builds(host: Host) -> list[dict]:
     """Build records by kernel; one that is not a JSON object of strings is ignored (re-derived)."""
-    out = []
-    for name in host.listdir(BUILDS):
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        try:
-            rec = json.loads(host.read_text(f"{BUILDS}/{name}") or "")
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("kernel"), str):
-            out.append(rec)
-    return out
+    return [{k: v for k, v in r.items() if k != "_path"} for r in records.read_dir(host, "build", [], BUILDS)]
 
 
 def dkms_meta(host: Host, driver: str | None) -> dict | None:

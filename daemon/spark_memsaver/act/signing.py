@@ -34,7 +34,7 @@ import stat
 import time
 
 from spark_memsaver.errors import MemsaverError
-from spark_memsaver.host import Host, paths
+from spark_memsaver.host import Host, paths, records
 
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_DIR = "/etc/dkms/framework.conf.d"
@@ -360,11 +360,8 @@ def kernel_signs(host: Host, kernel: str) -> bool:
 
 
 def _previous_created(host: Host, p: dict) -> bool:
-    try:
-        old = json.loads(host.read_text(RECORD) or "")
-    except ValueError:
-        return False
-    return bool(old.get("created_by_spark_memsaver")) and old.get("cert") == p["cert"]
+    old = read_record(host)
+    return bool(old and old.get("created_by_spark_memsaver")) and old.get("cert") == p["cert"]
 
 
 def _now() -> str:
@@ -372,20 +369,13 @@ def _now() -> str:
 
 
 def read_record(host: Host) -> dict | None:
-    try:
-        return json.loads(host.read_text(RECORD) or "")
-    except ValueError:
-        return None
+    """The signing record, typed (host/records.py), or None when absent or bad."""
+    return records.one(host, "signing", RECORD)
 
 
 def record_signed(host: Host, entry: dict) -> None:
     """Append {module path, dkms version, kernel, signer, serial, cert sha256, time} to signed.json."""
-    try:
-        doc = json.loads(host.read_text(SIGNED_LOG) or "")
-        if not isinstance(doc, dict) or not isinstance(doc.get("signed"), list):
-            doc = {"format": 1, "signed": []}
-    except ValueError:
-        doc = {"format": 1, "signed": []}
-    doc["signed"] = [e for e in doc["signed"] if e.get("module") != entry.get("module")][-199:]
+    doc = records.one(host, "signed-log", SIGNED_LOG) or {"format": 1, "signed": []}
+    doc["signed"] = [e for e in doc["signed"] if isinstance(e, dict) and e.get("module") != entry.get("module")][-199:]
     doc["signed"].append({**entry, "time": _now()})
     _write_atomic(host, SIGNED_LOG, json.dumps(doc, indent=2) + "\n")

@@ -34,10 +34,8 @@ def _write(host: Host, rec: dict) -> None:
 
 
 def _read(host: Host, kernel: str | None) -> dict | None:
-    with contextlib.suppress(ValueError):
-        rec = json.loads(host.read_text(paths.hold(kernel)) or "null")
-        return rec if isinstance(rec, dict) else None
-    return None
+    from spark_memsaver.host import records     # the typed reader of every record
+    return records.one(host, "hold", paths.hold(kernel))
 
 
 def hold(host: Host, by: str, kernel: str | None, reason: str = "") -> dict:

@@ -55,23 +55,14 @@ def _unlink(path) -> bool:
     return True
 
 
-def _load_dir(host: Host, sub: str) -> tuple[list[dict], list[str]]:
-    good, bad = [], []
-    for name in host.listdir(sub):
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        p = f"{sub}/{name}"
-        try:
-            rec = json.loads(host.read_text(p) or "")
-            if not isinstance(rec, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            bad.append(p)
-            continue
-        rec.setdefault("id", name[:-5])
-        rec["_path"] = p
-        good.append(rec)
-    return good, bad
+def _load_dir(host: Host, kind: str) -> tuple[list[dict], list[str]]:
+    """(valid records, paths of bad ones): host/records.py's typed reader, the one for every record kind."""
+    from spark_memsaver.host import records
+    bad: list = []
+    good = records.read_dir(host, kind, bad)
+    for rec in good:
+        rec.setdefault("id", os.path.basename(rec["_path"])[:-5])
+    return good, [b["path"] for b in bad]
 
 
 # --- intents -------------------------------------------------------------------------------------
@@ -105,7 +96,7 @@ def clear_intent(host: Host, rec_or_id) -> bool:
 
 def list_intents(host: Host) -> tuple[list[dict], list[str]]:
     """(readable intents, paths of unreadable ones)."""
-    return _load_dir(host, INTENTS)
+    return _load_dir(host, "intent")
 
 
 @contextlib.contextmanager
@@ -143,7 +134,7 @@ def clear_rollback(host: Host, kernel: str) -> bool:
 
 
 def list_rollbacks(host: Host) -> tuple[list[dict], list[str]]:
-    return _load_dir(host, ROLLBACKS)
+    return _load_dir(host, "rollback")
 
 
 def append_history(host: Host, event: dict, keep: int = 500) -> None:

@@ -119,6 +119,13 @@ def read(host, kind: str, path: str, quarantined: list) -> dict | None:
         return None
 
 
+def one(host, kind: str, path: str | None = None) -> dict | None:
+    """The ``kind`` record at ``path`` (default: the kind's one file), or None when absent or bad -- for a writer
+    that only needs what it may trust (a bad record is reported by :func:`read_all` and set aside by the
+    executor, never here)."""
+    return read(host, kind, path or FILES[kind], [])
+
+
 def read_dir(host, kind: str, quarantined: list, directory: str | None = None) -> list[dict]:
     """Every valid ``*.json`` record of ``kind`` in its directory (each with ``_path``; intents get ``id``
     from the name when they lack one); bad ones are quarantined."""

@@ -10,7 +10,6 @@ spark_memsaver/world.secure_boot the two together. The certificate is the caller
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shlex
@@ -317,14 +316,8 @@ def _load_config(host):
 
 
 def read_request_record(host) -> dict | None:
-    text = host.read_text(REQUEST_RECORD)
-    if not text:
-        return None
-    try:
-        rec = json.loads(text)
-    except ValueError:
-        return None              # a damaged record only loses a hint; the state comes from the variables
-    return rec if isinstance(rec, dict) else None
+    from spark_memsaver.host import records     # the typed reader of every record
+    return records.one(host, "mok-request", REQUEST_RECORD)   # a damaged one only loses a hint
 
 
 
