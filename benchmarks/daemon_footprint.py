@@ -1,10 +1,15 @@
 #!/usr/bin/python3
 """spark-memsaverd's footprint: RSS, idle wake-ups, and D-Bus round trips, on a private system bus.
 
-    sudo /usr/bin/python3 benchmarks/daemon_footprint.py [IDLE_SECONDS=180] [--root /] [--config FILE]
+    sudo /usr/bin/python3 benchmarks/daemon_footprint.py [IDLE_SECONDS=180] [--root DIR] [--config FILE]
 
-Starts the real daemon (``--no-reconcile``: nothing on this machine is changed) on a private system-type
-dbus-daemon, waits for its first status, lets it idle, then measures:
+Starts the real daemon (``--no-reconcile``) on a private system-type dbus-daemon, waits for its first status,
+lets it idle, then measures what follows. It inspects a Spark-shaped root built in a temporary directory
+(tests/support/sparkroot.py: a GB10 node with NVIDIA 580.142 loaded and the packed module's counters) unless
+``--root`` names one: the daemon writes under its root (the sample history in /var/lib/spark-memsaver/history,
+the Prometheus textfile when node_exporter's directory exists), so ``--root /`` writes this host's files.
+The checkout's bytecode is compiled first (an installed package has it; compiling in the daemon would
+count the compiler's memory).
 - RSS (VmRSS, MiB) after the idle period;
 - wake-ups per minute while idle: how often a thread of the daemon leaves an interruptible sleep (poll, a
   futex: a timer, a message, a signal woke it), counted from the kernel's sched_switch events
@@ -142,7 +147,9 @@ def getall_while_hung(bus, call, GLib, n: int, hang_s: int = 30):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("idle", nargs="?", type=float, default=180.0, help="idle seconds (default 180)")
-    ap.add_argument("--root", default="/", help="root prefix the daemon inspects (default /)")
+    ap.add_argument("--root", default=None,
+                    help="root prefix the daemon inspects (default: a temporary Spark-shaped root; / writes this "
+                         "host's /var/lib/spark-memsaver/history)")
     ap.add_argument("--config", default=None, help="config file for the daemon (default: built-in defaults)")
     ap.add_argument("--calls", type=int, default=200, help="round trips per method (default 200)")
     a = ap.parse_args()
@@ -150,7 +157,17 @@ def main() -> int:
         print("run as root: the daemon owns a name only root may own", file=sys.stderr)
         return 2
 
+    import subprocess
+
+    subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(REPO / "daemon")], check=True)
     work = Path(tempfile.mkdtemp(prefix="spark-memsaver-bench."))
+    if a.root is None:
+        from tests.support import sparkroot
+
+        a.root = str(work / "root")
+        sparkroot.make_spark_root(Path(a.root))
+        print(f"root: a Spark-shaped root in {a.root} (sparkroot: kernel {sparkroot.SPARK_KERNEL}, "
+              f"driver {sparkroot.DRIVER})")
     bus = PrivateSystemBus(work, with_test_policy=True).start()
     args = ["--no-reconcile", "--root", a.root] + (["--config", a.config] if a.config else [])
     env = {"SPARK_MEMSAVER_CONFIG": a.config} if a.config else {}

@@ -318,3 +318,39 @@ def test_status_needs_no_yaml_once_the_data_files_are_parsed(tmp_path):
         assert r.returncode in (0, 1), r.stderr
     assert runs[0].stderr.endswith("YAML True") and runs[1].stderr.endswith("YAML False"), [r.stderr for r in runs]
     assert json.loads(runs[0].stdout)["findings"] == json.loads(runs[1].stdout)["findings"]
+
+
+# --- the resident daemon: what it keeps loaded at idle -------------------------------------------------
+
+IDLE_NEVER = ("dataclasses", "inspect", "ast", "pathlib", "ipaddress", "yaml", "jinja2", "click", "ctypes",
+              "pyudev", "spark_memsaver.config", "spark_memsaver.act", "spark_memsaver.decide.status",
+              "spark_memsaver.report.document")
+
+
+def test_idle_daemon_loads_no_dataclasses_pathlib_or_config(tmp_path):
+    """The daemon's core as it runs at idle (first status from the real child, the monitor with its uevent
+    socket and file watches, a sample, GetStatus's document), in a fresh interpreter: none of the modules it
+    does not need is loaded (dataclasses brings inspect/ast/dis, ~1 MiB; pathlib urllib.parse and ipaddress,
+    ~0.6 MiB: benchmarks/daemon_footprint.py). The config arrives as the child's dict."""
+    from tests.support import needs, sparkroot
+
+    needs.require("depmod", "gcc", remedy="tools/deps/dbus.txt")
+    root = sparkroot.make_spark_root(tmp_path / "root", uvm_loaded="ours")
+    code = ("import sys, json\n"
+            "from spark_memsaver.service import runtime\n"
+            "from spark_memsaver.service.daemon import Daemon\n"
+            "d = Daemon(root=sys.argv[1], reconcile=False, monitor_factory=runtime.monitor_class())\n"
+            "assert d.props['Interval'] == 0 and d.config is None\n"
+            "d.apply_answer(d._status_answer())\n"
+            "d.monitor.sample('test'); doc = json.loads(d.status_json()); d.monitor.stop()\n"
+            "print(json.dumps({'state': d.props['State'], 'interval': d.props['Interval'],\n"
+            "                  'history': d.monitor.config.history_size, 'doc_state': doc['state'],\n"
+            "                  'modules': sorted(sys.modules)}))\n")
+    r = subprocess.run([PY, "-c", code, str(root)], capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["state"] == out["doc_state"] != "starting"
+    assert out["interval"] == 60 and out["history"] == 1440          # the defaults, from the child's config
+    loaded = [m for m in out["modules"] if m in IDLE_NEVER or m.startswith(tuple(p + "." for p in IDLE_NEVER))]
+    assert loaded == [], loaded
+

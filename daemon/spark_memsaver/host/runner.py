@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 
 from spark_memsaver.errors import CommandFailed, CommandNotFound, CommandTimedOut
 
@@ -48,13 +47,42 @@ def _which(name: str, path: str | None) -> str | None:
     return None
 
 
-@dataclass
-class Result:
-    argv: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
+class _Record:
+    """A plain record: keyword or positional fields, repr and equality by field. Not a dataclass: the daemon
+    imports this module, and dataclasses brings inspect, ast and dis (about 1 MiB resident) with it."""
+
+    __slots__ = ()
+    _defaults: dict = {}
+
+    def __init__(self, *args, **kw):
+        names = self.__slots__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(names)} fields")
+        values = dict(self._defaults, **dict(zip(names, args)))
+        for k, v in kw.items():
+            if k not in names:
+                raise TypeError(f"{type(self).__name__}() has no field {k!r}")
+            values[k] = v
+        for k in names:
+            if k not in values:
+                raise TypeError(f"{type(self).__name__}() missing field {k!r}")
+            setattr(self, k, values[k])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None   # mutable, as the dataclasses were
+
+
+class Result(_Record):
+    """What Runner.run returns: argv, returncode, stdout, stderr, seconds."""
+
+    __slots__ = ("argv", "returncode", "stdout", "stderr", "seconds")
 
     @property
     def ok(self) -> bool:
@@ -76,15 +104,11 @@ def _run_group(argv, input, timeout, env, cwd, text):
         return subprocess.CompletedProcess(argv, proc.poll(), out, err)
 
 
-@dataclass
-class Stream:
+class Stream(_Record):
     """What Runner.stream yields: ``stdout`` to read; the rest is set when the block ends."""
-    argv: list[str]
-    stdout: object
-    returncode: int | None = None
-    stderr: str = ""
-    seconds: float = 0.0
-    timed_out: bool = False
+
+    __slots__ = ("argv", "stdout", "returncode", "stderr", "seconds", "timed_out")
+    _defaults = {"returncode": None, "stderr": "", "seconds": 0.0, "timed_out": False}
 
 
 class Runner:

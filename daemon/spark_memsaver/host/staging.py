@@ -35,7 +35,7 @@ def _remove_tree(top: str) -> None:
 def sweep(host, *, lock: bool = False) -> list[str]:
     """Remove every ``.staging-*`` entry of the source cache; the names removed. ``lock``: take the lifecycle
     lock first, without waiting (a fetch running elsewhere keeps its directory); otherwise the caller holds it."""
-    base = str(host.path(paths.SOURCES_CACHE))
+    base = host.fspath(paths.SOURCES_CACHE)
     try:
         names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
     except OSError:

@@ -240,7 +240,7 @@ def observe_memory(host: Host, uvm: dict) -> dict:
     read directly: the idle daemon samples this and keeps psutil out of its memory)."""
     total = available = None
     try:
-        with open(host.path("/proc/meminfo"), encoding="ascii", errors="replace") as f:
+        with open(host.fspath("/proc/meminfo"), encoding="ascii", errors="replace") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
         total = int(fields["MemTotal"].split()[0]) * 1024
         available = int(fields["MemAvailable"].split()[0]) * 1024

@@ -51,7 +51,6 @@ class Daemon:
 
     def __init__(self, root: str = "/", config_path: str | None = None, reconcile: bool = True,
                  monitor_factory=None):
-        from spark_memsaver import config as cfg
         from spark_memsaver.host import Host
         from spark_memsaver.service.jobs import JobManager
 
@@ -69,11 +68,11 @@ class Daemon:
         self._reconcile_pending = False
         self._fetch_timer = None       # polls the dpkg lock while a driver-source fetch waits for apt to exit
         self._stopping = False
-        self.config = cfg.Config()     # replaced by the file's once the first status child has read it
+        self.config = None             # statusproc.Settings: the file's, once the first status child has read it
         self.props = {
             "Version": __version__, "State": "starting", "Findings": [], "KernelRelease": "",
             "DriverVersion": "", "UvmPatched": False, "PackingActive": False, "BackingBytes": 0, "SavedBytes": 0,
-            "SecureBootState": "unknown", "LastError": "", "LastErrorName": "", "Interval": self.config.interval,
+            "SecureBootState": "unknown", "LastError": "", "LastErrorName": "", "Interval": 0,
             "HeldBy": "", "HeldSince": "",
             "JobId": 0, "JobOperation": "", "JobState": "none", "JobFraction": 0.0, "JobMessage": "",
         }
@@ -106,20 +105,20 @@ class Daemon:
         return True   # keep the signal source
 
     def _apply_config(self, ans: dict) -> None:
-        from spark_memsaver import config as cfg
+        from spark_memsaver.service.statusproc import Settings
 
         if ans.get("config_error"):
             e = ans["config_error"]
-            log.error("config: %s (%s)", e.get("message"), "keeping the previous one" if self.doc else "using the defaults")
+            log.error("config: %s (%s)", e.get("message"), "keeping the previous one" if self.config else "using the defaults")
             self._set_error(e)
-            return
+            if self.config is not None:
+                return
         if not ans.get("config"):
             return
-        d = dict(ans["config"], notes=tuple(ans["config"].get("notes") or ()))
-        new = cfg.Config(**d)
-        if self.props["LastErrorName"] == names.error_name("ConfigError"):
+        new = Settings(ans["config"])
+        if not ans.get("config_error") and self.props["LastErrorName"] == names.error_name("ConfigError"):
             self._set_error(None)   # the file is good again
-        if new != self.config or new.source != self.config.source:
+        if self.config is None or new != self.config or new.source != self.config.source:
             self.config = new
             if self.monitor is not None:
                 self.monitor.reconfigure(new)
@@ -129,7 +128,7 @@ class Daemon:
         """Thread: the status child's answer (config + document)."""
         from spark_memsaver.service import statusproc
 
-        return statusproc.compute(self.root, self.config_path, statusproc.config_dict(self.config))
+        return statusproc.compute(self.root, self.config_path, self.config.to_dict() if self.config else None)
 
     def refresh_status(self, reason: str) -> None:
         """Recompute the status document in a thread; concurrent requests coalesce into one re-run."""
@@ -228,6 +227,10 @@ class Daemon:
 
     # --- monitoring --------------------------------------------------------------------------------
     def _start_monitor(self) -> None:
+        if self.config is None:   # no status child answered: sample on the defaults
+            from spark_memsaver.service.statusproc import default_settings
+            self.config = default_settings()
+            self.set_props(Interval=self.config.interval)
         if self.monitor_factory is None:
             from spark_memsaver.service.monitor import Monitor
             self.monitor_factory = Monitor
@@ -283,7 +286,7 @@ class Daemon:
             return cfg.load(self.config_path, root=self.root)
         except ConfigError:
             if op in REMOVAL_OPS:   # toward stock is always safe: act on the last good config
-                return self.config
+                return self.config.to_config() if self.config is not None else cfg.Config()
             raise
 
     def start_operation(self, op: str, kwargs: dict, caller) -> int:

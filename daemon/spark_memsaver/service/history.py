@@ -68,7 +68,7 @@ class History:
     def __init__(self, host, interval: int, directory: str = paths.SAMPLES_DIR):
         self.host = host
         self.interval = interval
-        self.dir = str(host.path(directory))
+        self.dir = host.fspath(directory)
         self._current: list[str] = []
         self._warned = False
         self.skipped = 0                    # lines of current.jsonl that were not samples (see _parse_counted)
@@ -149,7 +149,7 @@ def segments(d: str) -> list[str]:
 
 
 def exists(host, directory: str = paths.SAMPLES_DIR) -> bool:
-    return os.path.isdir(host.path(directory))
+    return os.path.isdir(host.fspath(directory))
 
 
 def read(host, since: float | None = None, directory: str = paths.SAMPLES_DIR) -> list[dict]:
@@ -159,7 +159,7 @@ def read(host, since: float | None = None, directory: str = paths.SAMPLES_DIR) -
 
 def read_counted(host, since: float | None = None, directory: str = paths.SAMPLES_DIR) -> tuple[list[dict], int]:
     """``read``, and how many lines were skipped as unreadable (not JSON, not an object, no sane time)."""
-    d = str(host.path(directory))
+    d = host.fspath(directory)
     out: list[dict] = []
     skipped = 0
     names = segments(d)

@@ -14,7 +14,6 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from spark_memsaver.service import names
@@ -26,18 +25,20 @@ RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
 KEEP_FINISHED = 32   # finished jobs kept for GetJob()
 
 
-@dataclass
 class Job:
-    id: int
-    operation: str
-    uid: int | None
-    started: float = field(default_factory=time.time)
-    finished: float | None = None
-    state: str = RUNNING
-    progress: float = 0.0
-    message: str = ""
-    result: Any = None
-    error: dict | None = None
+    """One operation's record. A plain class (not a dataclass: dataclasses would cost the idle daemon ~1 MiB)."""
+
+    __slots__ = ("id", "operation", "uid", "started", "finished", "state", "progress", "message", "result", "error")
+
+    def __init__(self, id: int, operation: str, uid: int | None):
+        self.id, self.operation, self.uid = id, operation, uid
+        self.started: float = time.time()
+        self.finished: float | None = None
+        self.state = RUNNING
+        self.progress = 0.0
+        self.message = ""
+        self.result = None
+        self.error: dict | None = None
 
     def to_dict(self) -> dict:
         return {"id": self.id, "operation": self.operation, "uid": self.uid, "state": self.state,

@@ -177,7 +177,7 @@ class Monitor:
             return None
         if configured:
             return configured
-        return DEFAULT_TEXTFILE if os.path.isdir(self.host.path(os.path.dirname(DEFAULT_TEXTFILE))) else None
+        return DEFAULT_TEXTFILE if os.path.isdir(self.host.fspath(os.path.dirname(DEFAULT_TEXTFILE))) else None
 
     def _write_prometheus(self, s: dict | None = None) -> None:
         """Write the exposition (report/metrics.py) of the latest status document with this sample's time.
@@ -190,7 +190,7 @@ class Monitor:
 
         s = s if s is not None else (unpack(self.history[-1]) if self.history else {})
         text = exposition(doc, sample_time=s.get("time"), sample=s)
-        path = str(self.host.path(path))
+        path = self.host.fspath(path)
         try:
             write_atomic(path, text)
             self._prom_warned = False
@@ -253,7 +253,7 @@ class Monitor:
         from gi.repository import Gio
 
         for d in WATCHED_DIRS:
-            path = str(self.host.path(d))
+            path = self.host.fspath(d)
             if not os.path.isdir(path):
                 log.debug("not watching %s: no such directory", path)
                 continue
@@ -274,13 +274,13 @@ class Monitor:
         if event not in relevant:
             return
         p = file.get_path()
-        if os.path.dirname(p) == str(self.host.path(paths.CACHE_DIR)):
+        if os.path.dirname(p) == self.host.fspath(paths.CACHE_DIR):
             # atomic_write renames a temp file into place: the new name is the event's other file
             name = os.path.basename(_other.get_path()) if _other is not None and _other.get_path() else \
                 os.path.basename(p)
             if name != PENDING_NAME or event in (Gio.FileMonitorEvent.DELETED, Gio.FileMonitorEvent.MOVED_OUT):
                 return
-        if os.path.dirname(p) == str(self.host.path("/usr/src")) and \
+        if os.path.dirname(p) == self.host.fspath("/usr/src") and \
                 not os.path.basename(p).startswith(SRC_PREFIXES):
             log.debug("file event %s: %s (ignored)", event.value_nick, p)
             return

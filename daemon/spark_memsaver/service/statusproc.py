@@ -5,8 +5,10 @@ observers, decisions, YAML or the engines they reach (idle RSS, see benchmarks/d
 
 Writes one JSON object to stdout: ``{"config": {...} | null, "config_error": {...} | null,
 "doc": {...} | null, "error": {...} | null}``. The config file is re-read on every run (so an edit is
-picked up by the next refresh); when it is bad the daemon's current config (stdin) is used and the error
-is returned. :func:`compute` is the daemon's side: it runs this with a time limit and parses the answer.
+picked up by the next refresh); when it is bad the daemon's current config (stdin; the defaults when it has
+none yet) is used, returned as ``config``, and the error is returned beside it. :func:`compute` is the
+daemon's side: it runs this with a time limit and parses the answer. The daemon holds the config as that
+dict behind :class:`Settings`: config.py (a dataclass) stays out of the resident process.
 """
 
 from __future__ import annotations
@@ -36,6 +38,47 @@ def config_dict(c) -> dict:
     return d
 
 
+class Settings:
+    """The daemon's config: the child's dict read by attribute (``interval``, ``history_size``...), equal as
+    ``config.Config`` instances are (``source`` and ``notes`` aside). :meth:`to_config` makes the real one
+    (in a job's thread, where importing config.py costs the idle daemon nothing)."""
+
+    __slots__ = ("_d",)
+    NOT_COMPARED = ("source", "notes")
+
+    def __init__(self, d: dict):
+        self._d = dict(d)
+
+    def __getattr__(self, name):
+        try:
+            return self._d[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Settings):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def _compared(self) -> dict:
+        return {k: v for k, v in self._d.items() if k not in self.NOT_COMPARED}
+
+    def to_dict(self) -> dict:
+        return dict(self._d)
+
+    def to_config(self):
+        return _config_from(self._d)
+
+    def __repr__(self) -> str:
+        return f"Settings({self._d!r})"
+
+
+def default_settings() -> Settings:
+    """The built-in defaults (only when no status child answered at all)."""
+    from spark_memsaver import config as cfg
+    return Settings(config_dict(cfg.Config()))
+
+
 def child(root: str, config_path: str | None, fallback: dict | None) -> dict:
     from spark_memsaver import config as cfg
     from spark_memsaver.errors import MemsaverError
@@ -45,10 +88,10 @@ def child(root: str, config_path: str | None, fallback: dict | None) -> dict:
     out = {"config": None, "config_error": None, "doc": None, "error": None}
     try:
         c = cfg.load(config_path, root=root)
-        out["config"] = config_dict(c)
     except MemsaverError as e:
         out["config_error"] = error_dict(e)
         c = _config_from(fallback)
+    out["config"] = config_dict(c)
     try:
         from spark_memsaver.act.installable import status
         out["doc"], _verdict = status(Host(root), c)
