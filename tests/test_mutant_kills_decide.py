@@ -3,9 +3,17 @@ tests: each test pins one behaviour through the module's public entry point and 
 
 from __future__ import annotations
 
+import hashlib
+import json
+
+from spark_memsaver import world
 from spark_memsaver.config import Config
+from spark_memsaver.decide import ours, qualification
 from spark_memsaver.decide.status import evaluate
+from spark_memsaver.host import Host
+from spark_memsaver.observe import mok as omok
 from tests.test_decide import K, base_snapshot, module, ours_loaded
+from tests.test_mok import certs, make_root, scenarios  # noqa: F401  (certs: the fixture, openssl-made)
 
 
 def _codes(v):
@@ -58,3 +66,54 @@ def test_status_what_install_lacks_is_a_warning():
     v = evaluate(s, Config())
     (m,) = [f for f in v.findings if f.code == "driver-source-missing"]
     assert (m.severity, m.kernel) == ("warning", K) and "580.142" in m.remedy
+
+
+# --- decide/mok.py: the reasons 'mok status' and status print -------------------------------------------------
+
+def test_mok_reasons_are_said_whole(tmp_path, certs):
+    """Each verdict's reason is the sentence a user reads, whole: shim validation disabled says that the kernel
+    does not enforce Secure Boot; an unreadable certificate names its path first; a request from before the
+    last reboot says when it was made. (Kills: those three strings mutated.)"""
+    sc = scenarios(certs)
+
+    def reason(name, **extra):
+        variables, cert, _, kw = sc[name]
+        return world.secure_boot(Host(make_root(tmp_path / name, variables, cert, **kw, **extra)))["reason"]
+    assert reason("validation-disabled") == ("shim validation is disabled (MokSBStateRT, 'mokutil "
+                                             "--disable-validation'): the kernel does not enforce Secure Boot")
+    assert reason("cert-garbage").startswith("signing certificate /var/lib/dkms/mok.pub: ")
+    sha = hashlib.sha256(certs["ours"]).hexdigest()
+    missed = reason("pending-enroll", extra={
+        "/proc/sys/kernel/random/boot_id": "boot-B\n",
+        omok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": "boot-A", "requested_at": "2026-11-30T01:00Z"})})
+    assert missed.startswith("an enrollment request (MokNew) is waiting: on the next boot confirm it at the console "
+                             "in MokManager; it was requested at 2026-11-30T01:00Z, before the last reboot, so "
+                             "MokManager did not run then ("), missed
+
+
+# --- decide/qualification.py ----------------------------------------------------------------------------------
+
+def test_hooked_paths_leave_out_a_deleted_file():
+    """A hook patch that deletes a file ('+++ /dev/null') hooks no file of that name. (Kills: the /dev/null
+    comparison mutated, which listed 'dev/null' as a hooked file.)"""
+    diff = ("--- a/nvidia-uvm/uvm_gone.c\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+            "--- a/nvidia-uvm/uvm_mmu.c\n+++ b/nvidia-uvm/uvm_mmu.c\t2026-01-01\n@@ -1 +1 @@\n-a\n+b\n")
+    assert qualification.hooked_paths(diff) == ["nvidia-uvm/uvm_mmu.c"]
+
+
+def test_an_nvidia_tests_entry_without_runs_is_named():
+    """(Kills: the message mutated.)"""
+    for raw in (None, [], {"suite": "x"}):
+        assert qualification.check_test_records(raw, "nvidia-tests") == (
+            "nvidia-tests needs nvidia_tests: a list of runs (suite, kernel, page_size, tiers, date)")
+
+
+# --- decide/ours.py --------------------------------------------------------------------------------------------
+
+def test_selection_names_each_of_its_three_answers():
+    """(Kills: the 'stock' answer mutated: no caller compares with it, but it is the documented value.)"""
+    assert ours.selection(base_snapshot()["kernels"][0]) == "stock"
+    k = ours_loaded(base_snapshot())["kernels"][0]
+    assert ours.selection(k) == "consistent"
+    k["nvidia_selected"] = module(version="580.159")
+    assert ours.selection(k) == "mismatch"
