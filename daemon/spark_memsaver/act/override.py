@@ -12,7 +12,7 @@ from pathlib import Path
 from spark_memsaver.act import signing as sig
 from spark_memsaver.decide import policy
 from spark_memsaver.errors import MemsaverError, SecureBootUnknown
-from spark_memsaver.host import Host, records
+from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.act.dkms_errors import InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
@@ -291,6 +291,7 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
                                    kernel=k, actions=res["actions"])
         res["initramfs"] = refresh_initramfs(host, k)
         host.path(_stock_record_path(k)).unlink(missing_ok=True)
+        host.path(paths.legacy_stock_record(k)).unlink(missing_ok=True)     # an older text one, if any
         shutil.rmtree(host.path(f"{STATE_DIR}/original/{k}"), ignore_errors=True)
     for ver in registered_versions(host):
         _drop_if_empty(host, ver)

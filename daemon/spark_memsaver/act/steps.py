@@ -102,17 +102,28 @@ def source_trees(host: Host, snap: dict) -> dict:
     return uvm_patch.source_trees(host, snap)
 
 
-STOCK_DIR = paths.STOCK_DIR   # host/paths.py is the one list
-
-
 def record_stock(host: Host, kernel: str) -> str | None:
-    """Remember which stock nvidia-uvm file depmod selected for ``kernel`` before our override existed
-    (read by the load-time guard)."""
-    info = selected(host, kernel)
-    if not info or not info.get("path") or info.get("patched"):
+    """Remember which stock nvidia-uvm file depmod selected for ``kernel`` before our override existed, in the
+    one stock record (JSON, ``paths.stock_record``; host/records.py's "stock" kind; act/override.py keeps it, the
+    load-time guard reads its stock_path). The older one-line text record (``paths.STOCK_DIR/<kernel>``) is
+    migrated: it goes once the JSON record names the file."""
+    import json
+    from spark_memsaver.host import records
+    from spark_memsaver.observe import modules
+    sel = modules.read_selected(host, kernel, "nvidia_uvm", digest=True)
+    if not sel.get("path") or sel.get("patched") or sel["state"] in ("none", "builtin", "unreadable"):
         return None
-    intents.atomic_write(host.path(f"{STOCK_DIR}/{kernel}"), info["path"] + "\n")
-    return info["path"]
+    old = records.one(host, "stock", paths.stock_record(kernel)) or {}
+    if old.get("stock_path") != sel["path"] or old.get("stock_sha256") != sel.get("sha256"):
+        rec = {"kernel": kernel, "stock_path": sel["path"], "stock_sha256": sel.get("sha256"),
+               "stock_version": sel.get("version"), "stock_owner_dkms": old.get("stock_owner_dkms")
+               if old.get("stock_path") == sel["path"] else None, "recorded": intents.now()}
+        p = host.path(paths.stock_record(kernel))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        intents.atomic_write(p, json.dumps(rec, indent=2) + "\n", mode=0o644)
+    with contextlib.suppress(FileNotFoundError):
+        host.path(paths.legacy_stock_record(kernel)).unlink()
+    return sel["path"]
 
 
 def _public(rec: dict | None) -> dict | None:

@@ -17,8 +17,8 @@ HOLDS = f"{STATE_DIR}/holds"          # the administrator's holds: <kernel>.json
 HISTORY = f"{STATE_DIR}/history.jsonl"
 SAMPLES_DIR = f"{STATE_DIR}/history"      # the monitor's persisted samples (service/history.py)
 EVENTS = f"{STATE_DIR}/events.jsonl"      # the lifecycle event log (host/events.py)
-STOCK_DIR = f"{STATE_DIR}/stock"
-DKMS_STATE = f"{STATE_DIR}/dkms"          # stock records <kernel>.json and original/<kernel>/
+STOCK_DIR = f"{STATE_DIR}/stock"          # older one-line stock records <kernel> (read by the guard, migrated)
+DKMS_STATE = f"{STATE_DIR}/dkms"          # the stock records <kernel>.json and original/<kernel>/
 SIGNING_RECORD = f"{STATE_DIR}/signing.json"
 SIGNED_LOG = f"{STATE_DIR}/signed.json"
 MOK_REQUEST = f"{STATE_DIR}/mok-request.json"
@@ -53,6 +53,11 @@ def hold(kernel: str | None) -> str:
 
 def stock_record(kernel: str) -> str:
     return f"{DKMS_STATE}/{safe_name(kernel)}.json"
+
+
+def legacy_stock_record(kernel: str) -> str:
+    """The older stock record (one absolute path, a line) that act/steps.record_stock migrates into stock_record."""
+    return f"{STOCK_DIR}/{kernel}"
 
 
 def stock_original(kernel: str) -> str:
