@@ -354,3 +354,66 @@ def test_idle_daemon_loads_no_dataclasses_pathlib_or_config(tmp_path):
     loaded = [m for m in out["modules"] if m in IDLE_NEVER or m.startswith(tuple(p + "." for p in IDLE_NEVER))]
     assert loaded == [], loaded
 
+
+def test_certificate_times_agree_with_strptime_without_loading_it():
+    """efi/x509 reads validity times by hand (no _strptime/calendar/locale on the status path): the same
+    answers as datetime.strptime (UTCTime's RFC 5280 century, Feb 29, seconds 60/61 refused) on every form."""
+    import datetime as dt
+    import random
+
+    sys.path.insert(0, str(REPO / "daemon"))
+    from spark_memsaver.efi import x509
+
+    def reference(t: str, tag: int):
+        try:
+            if tag == 0x17:
+                d = dt.datetime.strptime(t, "%y%m%d%H%M%SZ")
+                d = d.replace(year=d.year - 100) if d.year >= 2050 else d
+            elif tag == 0x18:
+                d = dt.datetime.strptime(t, "%Y%m%d%H%M%SZ")
+            else:
+                return "ERR"
+        except ValueError:
+            return "ERR"
+        return d.replace(tzinfo=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+    def ours(t: str, tag: int):
+        try:
+            return x509._time(t.encode(), tag, 0, len(t))
+        except x509._DerError:
+            return "ERR"
+
+    rnd = random.Random(25)
+    cases = [("261202120005Z", 0x17), ("491231235959Z", 0x17), ("500101000000Z", 0x17), ("2612021200Z", 0x17),
+             ("20240229000000Z", 0x18), ("20230229000000Z", 0x18), ("261202120060Z", 0x17), ("261202120005Z", 0x13),
+             ("99991231235959Z", 0x18), ("26120212000aZ", 0x17), ("261202120005", 0x17)]
+    for _ in range(3000):
+        tag = rnd.choice((0x17, 0x18))
+        year = f"{rnd.randrange(100):02d}" if tag == 0x17 else f"{rnd.randrange(1900, 2200):04d}"
+        fields = [rnd.randrange(14), rnd.randrange(33), rnd.randrange(26), rnd.randrange(62), rnd.randrange(63)]
+        cases.append((year + "".join(f"{f:02d}" for f in fields) + "Z", tag))
+    assert [ours(t, tag) for t, tag in cases] == [reference(t, tag) for t, tag in cases]
+    assert sum(ours(t, tag) != "ERR" for t, tag in cases) > 1000         # valid ones were drawn, too
+    code = ("import sys; from spark_memsaver.efi import x509; x509._time(b'261202120005Z', 0x17, 0, 13); "
+            "print(sorted({'_strptime', 'calendar', 'datetime', 'locale'} & set(sys.modules)))")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_certificate_digests_are_hashlibs_without_openssl():
+    """efi/x509's SHA-256 (CPython's built-in one: hashlib would load libcrypto into status) is hashlib's."""
+    import hashlib
+    import random
+
+    sys.path.insert(0, str(REPO / "daemon"))
+    from spark_memsaver.efi import x509
+
+    rnd = random.Random(25)
+    for n in (0, 1, 55, 56, 63, 64, 65, 1000, 100_000):
+        data = bytes(rnd.randrange(256) for _ in range(n))
+        assert x509._sha256(data) == hashlib.sha256(data).digest()
+        assert x509._sha256_of(data).hexdigest() == hashlib.sha256(data).hexdigest()
+    code = ("import sys; from spark_memsaver.efi import x509; x509._sha256(b'x'); "
+            "print('_hashlib' in sys.modules, 'hashlib' in sys.modules)")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr

@@ -62,27 +62,43 @@ def _name(b: bytes, start: int, end: int) -> list[tuple[str, str]]:
 
 
 def _time(b: bytes, tag: int, s: int, e: int) -> str:
-    import datetime as _dt   # here, not at import: status reads no certificate on most nodes (hashlib: idem)
+    """UTCTime (YYMMDDHHMMSSZ, RFC 5280: YY < 50 is 20YY) or GeneralizedTime (YYYYMMDDHHMMSSZ) -> ISO 8601 'Z'.
+    Read by hand (timefmt checks the date): datetime.strptime would load _strptime, calendar and locale into
+    every status that reads a certificate."""
+    from spark_memsaver.timefmt import utc_epoch
 
     t = b[s:e].decode("ascii", errors="replace")
-    try:
-        if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ
-            d = _dt.datetime.strptime(t, "%y%m%d%H%M%SZ")
-            if d.year >= 2050:
-                d = d.replace(year=d.year - 100)
-        elif tag == 0x18:
-            d = _dt.datetime.strptime(t, "%Y%m%d%H%M%SZ")
-        else:
-            raise _DerError(f"validity time has tag 0x{tag:02x}")
-    except ValueError:
+    if tag not in (0x17, 0x18):
+        raise _DerError(f"validity time has tag 0x{tag:02x}")
+    digits = t[:-1]
+    if tag == 0x17 and len(digits) == 10:
+        digits += "00"               # BER's UTCTime without seconds (strptime read it so)
+    if not (t.endswith("Z") and digits.isascii() and digits.isdigit() and len(digits) == (12 if tag == 0x17 else 14)):
         raise _DerError(f"unparseable validity time {t!r}")
-    return d.replace(tzinfo=_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    if tag == 0x17:
+        digits = ("20" if int(digits[:2]) < 50 else "19") + digits
+    stamp = f"{digits[:4]}-{digits[4:6]}-{digits[6:8]}T{digits[8:10]}:{digits[10:12]}:{digits[12:14]}Z"
+    if int(digits[12:14]) > 59 or utc_epoch(stamp) is None:
+        raise _DerError(f"unparseable validity time {t!r}")
+    return stamp
+
+
+def _sha256_of(data: bytes):
+    """A SHA-256 object of ``data`` from CPython's built-in implementation (``_sha256`` in 3.11, ``_sha2`` in
+    3.12), hashlib's otherwise: importing hashlib loads OpenSSL's libcrypto, for one digest per certificate
+    that every status reading a certificate computes (the digests are the same: tests/test_speed.py)."""
+    try:
+        from _sha256 import sha256
+    except ImportError:
+        try:
+            from _sha2 import sha256
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data)
 
 
 def _sha256(data: bytes) -> bytes:
-    import hashlib
-
-    return hashlib.sha256(data).digest()
+    return _sha256_of(data).digest()
 
 
 @dataclass(frozen=True)
@@ -98,8 +114,7 @@ class Certificate:
 
     @property
     def sha256(self) -> str:
-        import hashlib
-        return hashlib.sha256(self.der).hexdigest()
+        return _sha256_of(self.der).hexdigest()
 
     @property
     def sha1(self) -> str:

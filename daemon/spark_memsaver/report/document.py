@@ -7,6 +7,7 @@ The document's JSON Schema is ``status.schema.json`` beside this file; schema ve
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from spark_memsaver import __version__
@@ -21,7 +22,6 @@ SCHEMA_VERSION = 2
 def node_identity(host: Host) -> dict:
     """hostname and machine id of the node under the root (a container or image root: its own files)."""
     import re
-    import socket
 
     def read(path):
         try:
@@ -29,7 +29,7 @@ def node_identity(host: Host) -> dict:
                 return f.readline().strip()
         except OSError:
             return None
-    hostname = read("/etc/hostname") if not host.is_live else (socket.gethostname() or read("/etc/hostname"))
+    hostname = read("/etc/hostname") if not host.is_live else (os.uname().nodename or read("/etc/hostname"))
     mid = read("/etc/machine-id")
     return {"hostname": hostname or None, "machine_id": mid if mid and re.fullmatch(r"[0-9a-f]{32}", mid) else None}
 
