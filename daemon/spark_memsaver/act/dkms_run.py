@@ -256,13 +256,6 @@ def _write_json(host: Host, path: str, doc: dict) -> None:
     fsutil.atomic_write(p, json.dumps(doc, indent=2) + "\n", mode=0o644)
 
 
-def _read_json(host: Host, path: str) -> dict | None:
-    try:
-        return json.loads(host.read_text(path) or "")
-    except ValueError:
-        return None
-
-
 def ensure_host_files(host: Host) -> list[str]:
     """The force-install file (so DKMS's version check lets our same-version module replace the stock
     one; the PRE_INSTALL guard still runs) and the depmod.d override. The package ships both; write

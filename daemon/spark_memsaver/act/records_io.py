@@ -124,10 +124,7 @@ def dkms_meta(host: Host, driver: str | None) -> dict | None:
         return None
     for name in host.listdir("/usr/src"):
         if name.startswith(f"spark-memsaver-uvm-{driver}-sm"):
-            try:
-                meta = json.loads(host.read_text(f"/usr/src/{name}/spark-memsaver.json") or "")
-            except ValueError:
-                continue
-            if isinstance(meta, dict) and meta.get("driver_version") == driver:
+            meta = records.one(host, "dkms-tree", f"/usr/src/{name}/spark-memsaver.json")
+            if meta and meta.get("driver_version") == driver:
                 return {"tier": meta.get("tier"), "kernels": meta.get("kernels_policy"), "from": "dkms-tree"}
     return None

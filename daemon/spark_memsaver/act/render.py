@@ -12,10 +12,10 @@ from pathlib import Path
 
 from spark_memsaver import __version__
 from spark_memsaver.act import signing as sig
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, records
 from spark_memsaver.observe.dkms import DKMS_TREE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, dkms_version_string, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.decide import policy
-from spark_memsaver.act.dkms_run import (PATCH_ID, _depmod, _read_json, complete_source, data_dir, log, sha256,
+from spark_memsaver.act.dkms_run import (PATCH_ID, _depmod, complete_source, data_dir, log, sha256,
                                          source_candidates)
 
 
@@ -58,7 +58,7 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
             "signing_record": sig.RECORD, "content_sha256": content.hexdigest()}
     files["spark-memsaver.json"] = (json.dumps(meta, indent=2).encode() + b"\n", 0o644)
     target = host.path(dest)
-    old = _read_json(host, f"{dest}/spark-memsaver.json")
+    old = records.one(host, "dkms-tree", f"{dest}/spark-memsaver.json")
     if target.is_dir() and not target.is_symlink() and old and old.get("content_sha256") == meta["content_sha256"] \
             and all((target / n).is_file() for n in files):
         return {"version": ver, "path": dest, "changed": False}

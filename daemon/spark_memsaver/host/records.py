@@ -41,6 +41,11 @@ SPECS: dict[str, tuple[dict, dict]] = {
     "mok-request": ({"cert_sha256": (_S,)}, {"boot_id": _STRS, "requested_at": _STRS}),
     "hold": ({"by": (_S,)}, {"kernel": _STRS, "since": _STRS, "reason": _STRS, "schema": (_I, _N),
                              "released": (list, _N)}),
+    # the rendered DKMS tree's spark-memsaver.json (act/render.py writes it; a build of 0.1.0's has no build record)
+    "dkms-tree": ({"driver_version": (_S,)}, {"format": (_I, _N), "package": _STRS, "dkms_version": _STRS,
+                                              "our_version": _STRS, "tier": _STRS, "tier_default": (_I, _S, _N),
+                                              "kernels_policy": _STRS, "nvidia_source": _STRS, "patch_id": _STRS,
+                                              "signing_record": _STRS, "content_sha256": _STRS}),
 }
 
 # directories of records of one kind (every *.json in them), and single record files
