@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from spark_memsaver import world
 from spark_memsaver.config import Config
-from spark_memsaver.decide import ours, qualification
+from spark_memsaver.decide import hold, ours, packing, qualification
 from spark_memsaver.decide.status import evaluate
 from spark_memsaver.host import Host
 from spark_memsaver.observe import mok as omok
@@ -117,3 +119,51 @@ def test_selection_names_each_of_its_three_answers():
     assert ours.selection(k) == "consistent"
     k["nvidia_selected"] = module(version="580.159")
     assert ours.selection(k) == "mismatch"
+
+
+# --- decide/packing.py: the one "packing active" reader --------------------------------------------------------
+
+@pytest.mark.parametrize("uvm,active", [
+    (None, False), ("garbage", False),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 3}}, True),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 0, "trees_unpacked": 0}}, True),
+    ({"loaded": False, "patched": True, "packing": {"tier": "leaf", "trees_packed": 3}}, False),
+    ({"loaded": True, "patched": False, "packing": {"tier": "leaf", "trees_packed": 3}}, False),
+    ({"loaded": True, "patched": True, "packing": {}}, False),
+    ({"loaded": True, "patched": True, "packing": "leaf"}, False),
+    ({"loaded": True, "patched": True, "packing": {"error": "format 9", "tier": "leaf"}}, False),
+    ({"loaded": True, "patched": True, "packing": {"tier": "off", "trees_packed": 3}}, False),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 0, "trees_unpacked": 2}}, False),
+])
+def test_packing_is_active_only_when_ours_packs(uvm, active):
+    """Ours loaded, counters read, a tier on, and not 'every tree unpacked' (no GPU qualified). (Kills the
+    mutants of each condition of decide/packing.py.)"""
+    assert packing.packing_active(uvm) is active
+
+
+# --- decide/hold.py ------------------------------------------------------------------------------------------
+
+def test_which_hold_applies_and_how_it_is_said():
+    """A kernel's own hold wins (the last one written), then a hold on every kernel unless install released
+    this kernel; an unreadable hold record holds every kernel. Each is said with its origin and the command
+    that resumes. (Kills the mutants of decide/hold.py's choices and wording.)"""
+    k1, k2 = "6.8.0-50-generic", "6.8.0-60-generic"
+    own_old = {"by": "remove", "kernel": k1, "since": "2026-12-01T00:00:00Z"}
+    own = {"by": "rollback", "kernel": k1, "since": "2026-12-02T10:00:00Z"}
+    every = {"by": "remove", "kernel": None, "since": "2026-12-02T11:00:00Z", "released": [k2]}
+    recs = {"holds": [own_old, "junk", own, every]}
+    assert hold.held(recs, k1) is own
+    assert hold.held(recs, "6.8.0-70-generic") is every and hold.held(recs, k2) is None
+    assert hold.held(None, k1) is None and hold.held({"holds": [own]}, k2) is None
+    assert hold.held({"holds": [own]}, None) is None
+    assert hold.describe(own, k1, k1) == ("held since 2026-12-02T10:00:00Z, by rollback; "
+                                          "`sudo spark-memsaver install` resumes")
+    assert hold.describe(own, k1, k2) == ("held since 2026-12-02T10:00:00Z, by rollback; "
+                                          f"`sudo spark-memsaver install --kernel {k1}` resumes")
+    assert hold.origin(every) == "held since 2026-12-02T11:00:00Z, by remove --all"
+    assert hold.origin({"by": "rollback", "kernel": None}) == "held since ?, by rollback of every kernel"
+    assert hold.origin({"kernel": k1}) == "held since ?, by the administrator"
+    bad = hold.held({"quarantined": [{"kind": "intent", "path": "/x"}, {"kind": "hold", "path": "/var/h.json"}]}, k2)
+    assert bad == {"by": "an unreadable hold record", "kernel": None, "since": "?", "unreadable": "/var/h.json"}
+    assert hold.describe(bad, k2, k1) == ("held since ?, by an unreadable hold record; "
+                                          "`sudo spark-memsaver install --all` resumes")
