@@ -163,7 +163,28 @@ def test_which_hold_applies_and_how_it_is_said():
     assert hold.origin(every) == "held since 2026-12-02T11:00:00Z, by remove --all"
     assert hold.origin({"by": "rollback", "kernel": None}) == "held since ?, by rollback of every kernel"
     assert hold.origin({"kernel": k1}) == "held since ?, by the administrator"
-    bad = hold.held({"quarantined": [{"kind": "intent", "path": "/x"}, {"kind": "hold", "path": "/var/h.json"}]}, k2)
+    bad = hold.held({"quarantined": [{"kind": "hold", "path": "/var/h.json"}, {"kind": "intent", "path": "/x"}]}, k2)
     assert bad == {"by": "an unreadable hold record", "kernel": None, "since": "?", "unreadable": "/var/h.json"}
     assert hold.describe(bad, k2, k1) == ("held since ?, by an unreadable hold record; "
                                           "`sudo spark-memsaver install --all` resumes")
+
+
+# --- decide/step.py: which plan steps change the system ---------------------------------------------------------
+
+ACTING = ["undo-intent", "finish-intent", "clear-intent", "drop-record", "remove-override", "record-rollback",
+          "clear-rollback", "fetch-source", "build-install", "reload-uvm"]
+INFO = ["ok", "stay-stock", "blocked", "config-changed", "held"]
+
+
+def test_steps_that_change_the_system_are_counted_and_go_to_the_history():
+    """The plan's summary counts exactly the steps that change the system (reconcile --dry-run's 'acting', the
+    executor's history events: docs/lifecycle.md's step list); explaining steps count 0. (Kills: an action name
+    mutated in ACTING or INFO, e.g. build-install no longer counted nor written to the history.)"""
+    from spark_memsaver.decide import plan as rc
+    from spark_memsaver.decide.step import Step
+    for a in ACTING:
+        assert rc.summarize([Step(a, K)])["acting"] == 1, a
+    for a in INFO:
+        assert rc.summarize([Step(a, K)])["acting"] == 0, a
+    # the planner keeps an explaining step only when its action is listed: none may be lost
+    assert [a for a in INFO if a in rc.INFO] == INFO
