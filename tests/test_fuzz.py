@@ -212,6 +212,7 @@ RECORD_SEEDS = {
     "validate": {"outcome": "pass", "reason": "r"},
     "mok-request": {"cert_sha256": "00", "boot_id": "b"},
     "hold": {"by": "rollback", "kernel": "k", "since": "2026-12-01T10:00:00Z", "reason": "r", "schema": 1},
+    "source-tree": {"format": 1, "driver": "580.142", "package": "p", "deb_version": "1", "bytes": 5},
     "dkms-tree": {"format": 1, "driver_version": "580.142", "tier": "all", "tier_default": 3, "content_sha256": "00"},
 }
 

@@ -41,6 +41,9 @@ SPECS: dict[str, tuple[dict, dict]] = {
     "mok-request": ({"cert_sha256": (_S,)}, {"boot_id": _STRS, "requested_at": _STRS}),
     "hold": ({"by": (_S,)}, {"kernel": _STRS, "since": _STRS, "reason": _STRS, "schema": (_I, _N),
                              "released": (list, _N)}),
+    # a fetched source tree's .spark-memsaver-source.json (act/source_fetch.py publishes it with the tree)
+    "source-tree": ({}, {"format": (_I, _N), "driver": _STRS, "package": _STRS, "deb_version": _STRS,
+                         "sha256": _STRS, "deb_bytes": (_I, _N), "bytes": (_I, _N), "fetched": _STRS}),
     # the rendered DKMS tree's spark-memsaver.json (act/render.py writes it; a build of 0.1.0's has no build record)
     "dkms-tree": ({"driver_version": (_S,)}, {"format": (_I, _N), "package": _STRS, "dkms_version": _STRS,
                                               "our_version": _STRS, "tier": _STRS, "tier_default": (_I, _S, _N),

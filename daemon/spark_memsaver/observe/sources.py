@@ -18,7 +18,7 @@ import logging
 import os
 import re
 
-from spark_memsaver.host import Host, paths
+from spark_memsaver.host import Host, paths, records
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.versions import DRIVER_RE, base_version as _base
 
@@ -192,14 +192,9 @@ def cache_entries(host: Host) -> list[dict]:
         p = f"{paths.SOURCES_CACHE}/{name}"
         if not host.path(p).is_dir():
             continue
-        try:
-            rec = json.loads(host.path(f"{p}/{RECORD}").read_text())
-            if not isinstance(rec, dict):
-                rec = {}
-        except (OSError, ValueError):
-            rec = {}
-        driver = rec.get("driver") if isinstance(rec.get("driver"), str) else name[len("nvidia-"):]
-        size = rec.get("bytes") if isinstance(rec.get("bytes"), int) else _tree_bytes(host.path(p))
+        rec = records.one(host, "source-tree", f"{p}/{RECORD}") or {}     # a bad one: derived from the tree
+        driver = rec.get("driver") or name[len("nvidia-"):]
+        size = rec.get("bytes") if rec.get("bytes") is not None else _tree_bytes(host.path(p))
         out.append({"driver": driver, "package": rec.get("package"), "deb_version": rec.get("deb_version"),
                     "sha256": rec.get("sha256"), "fetched": rec.get("fetched"), "path": p, "bytes": size,
                     "open": host.exists(f"{p}/nvidia-uvm") and host.exists(f"{p}/Kbuild")})
