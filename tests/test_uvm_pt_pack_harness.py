@@ -74,6 +74,23 @@ def test_pool_passes_kernel_style_warnings():
     _make("kwarn")
 
 
+@pytest.mark.parametrize("version, builds", [((4, 15, 0), False), ((4, 19, 255), False), ((4, 20, 0), False),
+                                             ((5, 0, 0), True), ((6, 12, 0), True)])
+def test_kernel_floor_is_linux_5_0(version, builds):
+    """The pool needs 5.0 (xa_for_each(xa, index, entry)); NVIDIA's branches build from 4.15: below 5.0 the
+    build stops on the pool's own #error, which says why, instead of a missing header or a macro mismatch."""
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is required for the harness (apt-get install build-essential)")
+    code = (version[0] << 16) + (version[1] << 8) + version[2]
+    proc = _run(["gcc", "-std=gnu11", "-fsyntax-only", f"-I{HARNESS / 'shim'}", "-DUVM_PT_PACK_UVM_LOCKS",
+                 "-DSHIM_PAGE_SHIFT=16", f"-DLINUX_VERSION_CODE={code}", REPO / "uvm_patch/src/uvm_pt_pack.c"],
+                timeout=120)
+    assert (proc.returncode == 0) == builds, proc.stderr[-2000:]
+    if not builds:
+        errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+        assert errors and "uvm_pt_pack needs Linux 5.0 or newer" in errors[0], proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("shift", SHIFTS)
 def test_unit_checks_under_asan_ubsan(asan, shift):
     exe = BUILD / f"asan-{shift}" / "pt_harness"

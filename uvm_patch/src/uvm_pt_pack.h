@@ -63,9 +63,21 @@
 #ifndef _UVM_PT_PACK_H
 #define _UVM_PT_PACK_H
 
+#include <linux/version.h>
 #include <linux/types.h>
 #include <linux/list.h>
 #include <linux/spinlock.h>
+
+/*
+ * Kernel floor: Linux 5.0. The ownership map is an XArray (<linux/xarray.h>
+ * arrived in 4.20) iterated with xa_for_each(xa, index, entry), the form
+ * since 5.0 (4.20 had a five-argument one). NVIDIA's branches build down to
+ * 4.15: on 4.15-4.19 and 4.20 this module cannot be built with the pool;
+ * stop with the reason instead of an unrelated header or macro error.
+ */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(5, 0, 0)
+#error "uvm_pt_pack needs Linux 5.0 or newer (XArray, xa_for_each(xa, index, entry)); build this kernel's nvidia-uvm unpatched"
+#endif
 #include <linux/xarray.h>
 
 /*
