@@ -2,7 +2,7 @@
 """Time `spark-memsaver status --json --direct` as a whole process, beside a bare `python3 -c pass` measured in
 the same run (interleaved, so a loaded machine slows both alike), on this host and on a Spark-shaped root.
 
-Usage: benchmarks/status_latency.py [--runs N] [--root DIR] [--no-spark] [--keep-spark DIR]
+Usage: benchmarks/status_latency.py [--runs N] [--root DIR] [--no-spark] [--keep-spark DIR] [--instructions]
 
 - The checkout's bytecode is compiled first (an installed package has it; PYTHONDONTWRITEBYTECODE may be set).
 - Spark-shaped root: tests/support/sparkroot.py's GB10 layout (kernel 6.14 64k, NVIDIA 580.142 loaded, real
@@ -15,6 +15,9 @@ Usage: benchmarks/status_latency.py [--runs N] [--root DIR] [--no-spark] [--keep
   directory parses them every time. One more row runs status with such a parsed copy (in a temporary directory).
 - Figures per command: median wall ms, min, and median CPU ms (user+sys of the child: less load-sensitive),
   each also as a ratio to the bare interpreter's.
+- ``--instructions``: each command once more under valgrind's callgrind (children too: a modinfo status runs
+  counts), its instructions executed (Ir) beside the bare interpreter's: unlike times, the same on a loaded
+  machine, but blind to what costs time without instructions (exec, page faults, dynamic loading, I/O).
 Last line, exactly: ``status_median_ms=<x> bare_median_ms=<b> ratio=<x/b> spark_median_ms=<y> spark_ratio=<y/b>``.
 Goals (issue 25): status <= 80 ms median and <= 4x bare python, on both roots.
 """
@@ -69,13 +72,35 @@ def run_once(argv, env) -> tuple[float, float, int, str]:
     return wall, cpu, r.returncode, r.stderr
 
 
+def instructions(argv, env, work: Path) -> int:
+    """Instructions executed by ``argv`` and every process it runs (callgrind's totals, summed)."""
+    out = Path(tempfile.mkdtemp(prefix="callgrind.", dir=work))
+    r = subprocess.run(["valgrind", "--tool=callgrind", "--trace-children=yes",
+                        f"--callgrind-out-file={out}/cg.%p", *argv], env=dict(env, PYTHONHASHSEED="0"),
+                       capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        sys.exit(f"valgrind {argv}: rc={r.returncode} {r.stderr[-300:]}")
+    total = 0
+    for f in out.iterdir():
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith(("summary:", "totals:")):
+                total += int(line.split()[1])
+                break
+    shutil.rmtree(out, ignore_errors=True)
+    return total
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=21)
     ap.add_argument("--root", default="/", help="the first root (default: this host)")
     ap.add_argument("--no-spark", action="store_true", help="only the first root")
     ap.add_argument("--keep-spark", default=None, help="build the Spark-shaped roots here and keep them")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count each command's instructions once under valgrind --tool=callgrind")
     a = ap.parse_args()
+    if a.instructions and shutil.which("valgrind") is None:
+        sys.exit("--instructions needs valgrind (tools/deps/dbus.txt)")
 
     subprocess.run([PY, "-m", "compileall", "-q", str(REPO / "daemon")], check=True)
     env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
@@ -108,6 +133,8 @@ def main() -> int:
                     sys.exit(f"{k} failed: rc={rc} {err[-300:]}")
                 figures[k][0].append(wall)
                 figures[k][1].append(cpu)
+        ir = {k: instructions(argv, env, work or Path(tempfile.gettempdir())) for k, argv in cmds.items()} \
+            if a.instructions else {}
     finally:
         if work is not None and not a.keep_spark:
             shutil.rmtree(work, ignore_errors=True)
@@ -119,6 +146,10 @@ def main() -> int:
     for k, (w, c, mn) in med.items():
         print(f"{k:40s} median {w:7.1f} ms (x{w / bare_w:5.2f})  min {mn:7.1f} ms  cpu {c:7.1f} ms "
               f"(x{c / bare_c:5.2f})")
+    if ir:
+        bare_ir = ir["bare python3 -c pass"]
+        for k, n in ir.items():
+            print(f"{k:40s} instructions {n / 1e6:8.1f} M (x{n / bare_ir:5.2f})")
     host = med[f"status --json ({a.root})"][0]
     line = f"status_median_ms={host:.1f} bare_median_ms={bare_w:.1f} ratio={host / bare_w:.2f}"
     if "status --json (Spark root)" in med:
