@@ -400,20 +400,31 @@ def test_certificate_times_agree_with_strptime_without_loading_it():
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
-def test_certificate_digests_are_hashlibs_without_openssl():
-    """efi/x509's SHA-256 (CPython's built-in one: hashlib would load libcrypto into status) is hashlib's."""
+def test_certificate_digests_are_hashlibs_without_openssl(tmp_path):
+    """spark_memsaver/digest's SHA-256 (CPython's built-in one: hashlib would load libcrypto into status), used by
+    efi/x509, act/patch's tree hashes and fsutil.sha256_file, is hashlib's."""
     import hashlib
     import random
 
     sys.path.insert(0, str(REPO / "daemon"))
+    from spark_memsaver import digest
     from spark_memsaver.efi import x509
+    from spark_memsaver.host.fsutil import sha256_file
 
     rnd = random.Random(25)
     for n in (0, 1, 55, 56, 63, 64, 65, 1000, 100_000):
         data = bytes(rnd.randrange(256) for _ in range(n))
         assert x509._sha256(data) == hashlib.sha256(data).digest()
-        assert x509._sha256_of(data).hexdigest() == hashlib.sha256(data).hexdigest()
-    code = ("import sys; from spark_memsaver.efi import x509; x509._sha256(b'x'); "
+        assert digest.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
+        h = digest.sha256()
+        h.update(data[:n // 3])
+        h.update(data[n // 3:])
+        assert h.hexdigest() == hashlib.sha256(data).hexdigest()
+    f = tmp_path / "blob"
+    f.write_bytes(bytes(range(256)) * 5000)
+    assert sha256_file(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+    code = ("import sys; from spark_memsaver.efi import x509; from spark_memsaver.host.fsutil import sha256_file; "
+            "x509._sha256(b'x'); sha256_file(sys.executable); "
             "print('_hashlib' in sys.modules, 'hashlib' in sys.modules)")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr

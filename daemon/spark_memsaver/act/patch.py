@@ -186,9 +186,9 @@ def _dry_run(runner: Runner, src: Path, sel: Selection) -> tuple[bool, str]:
 
 
 def _sha256(p: Path) -> str:
-    import hashlib   # hashlib, shutil and tempfile at first use: status imports this module for support_for()
+    from spark_memsaver.digest import sha256   # not hashlib (libcrypto): status hashes the hooked files
 
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+    return sha256(p.read_bytes()).hexdigest()
 
 
 def tree_hashes(tree: Path, paths) -> dict[str, str | None]:

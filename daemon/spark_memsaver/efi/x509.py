@@ -83,22 +83,10 @@ def _time(b: bytes, tag: int, s: int, e: int) -> str:
     return stamp
 
 
-def _sha256_of(data: bytes):
-    """A SHA-256 object of ``data`` from CPython's built-in implementation (``_sha256`` in 3.11, ``_sha2`` in
-    3.12), hashlib's otherwise: importing hashlib loads OpenSSL's libcrypto, for one digest per certificate
-    that every status reading a certificate computes (the digests are the same: tests/test_speed.py)."""
-    try:
-        from _sha256 import sha256
-    except ImportError:
-        try:
-            from _sha2 import sha256
-        except ImportError:
-            from hashlib import sha256
-    return sha256(data)
-
-
 def _sha256(data: bytes) -> bytes:
-    return _sha256_of(data).digest()
+    from spark_memsaver.digest import sha256   # CPython's own: hashlib would load libcrypto into status
+
+    return sha256(data).digest()
 
 
 @dataclass(frozen=True)
@@ -114,7 +102,8 @@ class Certificate:
 
     @property
     def sha256(self) -> str:
-        return _sha256_of(self.der).hexdigest()
+        from spark_memsaver.digest import sha256
+        return sha256(self.der).hexdigest()
 
     @property
     def sha1(self) -> str:

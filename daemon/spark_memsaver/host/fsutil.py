@@ -62,10 +62,10 @@ def atomic_write(path, data: bytes | str, mode: int = 0o644, durable: bool = Tru
 
 def sha256_file(path) -> str | None:
     """Hex SHA-256 of a file, read in 1 MiB chunks; None when it cannot be read."""
-    import hashlib
+    from spark_memsaver.digest import sha256   # CPython's own: hashlib would load libcrypto
 
     try:
-        h = hashlib.sha256()
+        h = sha256()
         with open(path, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
