@@ -139,6 +139,13 @@ def _run_of(log: str, tier: int, tag: str = "PT") -> str:
     return log.split(f"{tag}-BEGIN tier={tier}\n", 1)[1].split(f"{tag}-RC tier={tier}", 1)[0]
 
 
+def _around(log: str, line: str, n: int = 40) -> str:
+    """The console lines around ``line``'s first occurrence (what led to a bad line, e.g. an RCU stall's header)."""
+    lines = log.splitlines()
+    i = lines.index(line)
+    return "\n".join(lines[max(0, i - n):i + n])
+
+
 def _failures(run: str) -> list[str]:
     return [f"{m.group(1)} {m.group(2).strip()}" for m in FAILED.finditer(run)]
 
@@ -152,7 +159,8 @@ def test_page_tree_passes_in_every_tier(vm, request):
     k, built, log = vm
     assert "VM-DONE" in log, "the VM did not finish its script:\n" + log[-4000:]
     bad = qemu.bad_lines(log)
-    assert not bad, "kernel reported problems:\n" + "\n".join(bad[:40])
+    assert not bad, "kernel reported problems:\n" + "\n".join(bad[:40]) + "\n--- the first in context:\n" + \
+        _around(log, bad[0])
     assert "NVIDIA-LOAD rc=0" in log and "NVIDIA-UNLOAD rc=0" in log, log[-4000:]
     # the RM calls of a whole run: session and callbacks only, no stubbed entry point
     called = re.findall(r"standin-rm: (nvUvmInterface\w+) -> (\S+)", log)
