@@ -93,6 +93,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_runtest_setup(item):
+    needs.ci_share(item)
     heavy = needs.is_heavy(item)
     if heavy:
         spent = needs.slow_budget_spent()

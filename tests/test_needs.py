@@ -208,3 +208,26 @@ def test_a_hung_test_is_stopped_by_the_watchdog_and_light_tests_run_first(tmp_pa
     assert "1 failed, 2 passed" in r.stdout, r.stdout
     assert "WatchdogExpired" in r.stdout and "test_hangs_in_a_child ran past 2 s" in r.stdout, r.stdout
     assert 'subprocess.run(["sleep", "60"])' in r.stdout, r.stdout      # where it hung
+
+
+def test_ci_share_marked_tests_skip_only_under_ci(tmp_path):
+    (tmp_path / "test_share.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.ci_share("costs 20 min cold")
+        def test_big():
+            pass
+
+        def test_small():
+            pass
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
+    env.pop(needs.SLOW_BUDGET_ENV, None)
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
+            "-o", "markers=ci_share", "--rootdir", str(tmp_path), str(tmp_path / "test_share.py")]
+    for share, expect in (("1", "1 passed, 1 skipped"), ("", "2 passed")):
+        env[needs.CI_SHARE_ENV] = share
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        assert expect in r.stdout, r.stdout
+    assert "costs 20 min cold" in subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path,
+                                                 env=dict(env, **{needs.CI_SHARE_ENV: "1"}), timeout=120).stdout

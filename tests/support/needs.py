@@ -79,6 +79,17 @@ def beyond_ci(what: str, why: str) -> None:
     pytest.skip(f"{what}: {why}")
 
 
+CI_SHARE_ENV = "SPARK_MEMSAVER_TEST_CI_SHARE"
+
+
+def ci_share(item) -> None:
+    """Under ``$SPARK_MEMSAVER_TEST_CI_SHARE=1`` (.ci/run: CI's cold 2-core machine has 90 minutes) a test marked
+    ``ci_share(why)`` is skipped with why; plain tools/test runs it."""
+    mark = item.get_closest_marker("ci_share")
+    if mark is not None and os.environ.get(CI_SHARE_ENV) == "1":
+        beyond_ci("beyond CI's share", f"{mark.args[0]} (plain tools/test runs it; {CI_SHARE_ENV}=1 is set by .ci/run)")
+
+
 def not_applicable(why: str) -> None:
     """Skip, also under tools/test: this machine's nature makes the test meaningless or unsafe here (EFI
     firmware present: no real MOK request may be queued; a kernel without THP); ``why`` says which."""
