@@ -133,7 +133,10 @@ def test_selection_names_each_of_its_three_answers():
     ({"loaded": True, "patched": True, "packing": "leaf"}, False),
     ({"loaded": True, "patched": True, "packing": {"error": "format 9", "tier": "leaf"}}, False),
     ({"loaded": True, "patched": True, "packing": {"tier": "off", "trees_packed": 3}}, False),
-    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 0, "trees_unpacked": 2}}, False),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 0, "trees_unpacked": 1}}, False),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_unpacked": 2}}, False),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 0}}, True),
+    ({"loaded": True, "patched": True, "packing": {"tier": "leaf", "trees_packed": 3, "trees_unpacked": 2}}, True),
 ])
 def test_packing_is_active_only_when_ours_packs(uvm, active):
     """Ours loaded, counters read, a tier on, and not 'every tree unpacked' (no GPU qualified). (Kills the
@@ -178,7 +181,7 @@ INFO = ["ok", "stay-stock", "blocked", "config-changed", "held"]
 
 def test_steps_that_change_the_system_are_counted_and_go_to_the_history():
     """The plan's summary counts exactly the steps that change the system (reconcile --dry-run's 'acting', the
-    executor's history events: docs/lifecycle.md's step list); explaining steps count 0. (Kills: an action name
+    executor's history events); explaining steps count 0. (Kills: an action name
     mutated in ACTING or INFO, e.g. build-install no longer counted nor written to the history.)"""
     from spark_memsaver.decide import plan as rc
     from spark_memsaver.decide.step import Step
