@@ -191,3 +191,31 @@ def test_steps_that_change_the_system_are_counted_and_go_to_the_history():
         assert rc.summarize([Step(a, K)])["acting"] == 0, a
     # the planner keeps an explaining step only when its action is listed: none may be lost
     assert [a for a in INFO if a in rc.INFO] == INFO
+
+
+# --- decide/plan.py ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw,code", [({"sources": ()}, "driver-source-missing"),
+                                     ({"nv": "555.58.99"}, "driver-unsupported"),
+                                     ({"headers": False}, "headers-missing")])
+def test_a_rollback_record_keeps_the_code_of_what_is_missing(kw, code):
+    """Ours for 550.163.01 beside nvidia.ko 555.58.02 (or .99) that cannot be rebuilt: the rollback record carries
+    the missing piece's code (docs/lifecycle.md), not the generic stock-selected. (Kills: a code mutated in
+    ROLLBACK_CODES.)"""
+    from tests.test_lifecycle import CFG, SUPPORT, kern, snap
+    from spark_memsaver.decide import plan as rc
+    sources = kw.pop("sources", ("550.163.01", "555.58.02", "555.58.99"))
+    s = snap(kern(ours="550.163.01", **{"nv": "555.58.02", **kw}), sources=sources)
+    steps = rc.plan(s, CFG, SUPPORT, alive_pids=set())
+    assert [(x.action, x.code) for x in steps] == [("remove-override", None), ("record-rollback", code)]
+
+
+def test_a_stale_loaded_module_is_reloaded_and_said_with_both_versions():
+    """Ours for 550.163.01 is loaded beside nvidia 555.58.02 with no users: the step says both versions.
+    (Kills: the loaded module's version misread in the reason.)"""
+    from tests.test_lifecycle import CFG, SUPPORT, kern, snap
+    from spark_memsaver.decide import plan as rc
+    s = snap(kern(nv="555.58.02"), uvm={"loaded": True, "patched": True, "version": "550.163.01-spark1"},
+             loaded_nv="555.58.02")
+    (r,) = [x for x in rc.plan(s, CFG, SUPPORT, alive_pids=set()) if x.action == "reload-uvm"]
+    assert r.reason.startswith("a patched nvidia-uvm for 550.163.01 is loaded beside nvidia 555.58.02: "), r.reason
