@@ -219,3 +219,22 @@ def test_a_stale_loaded_module_is_reloaded_and_said_with_both_versions():
              loaded_nv="555.58.02")
     (r,) = [x for x in rc.plan(s, CFG, SUPPORT, alive_pids=set()) if x.action == "reload-uvm"]
     assert r.reason.startswith("a patched nvidia-uvm for 550.163.01 is loaded beside nvidia 555.58.02: "), r.reason
+
+
+# --- decide/c_expr.py: NVIDIA's #if expressions ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [
+    ("(NvU16)0x12345", 0x2345), ("(NvU8)0x1ff", 0xff), ("(NvU8)(0x1ff)", 0xff), ("(u8)-1", 0xff), ("(u8)~0", 0xff),
+    ("(u8)!0", 1), ("(u8)+300", 44), ("(unsigned long long)-1", (1 << 64) - 1),
+    ("1 + 1 == 2", 1), ("1 | 2 == 2", 1), ("3 == 3 && 2 != 3", 1),
+    ("1 && U", None), ("U && 1", None), ("0 && U", 0), ("U && 0", 0), ("1 || U", 1), ("0 || U", None)])
+def test_c_expressions_evaluate_as_the_preprocessor_does(text, value):
+    """Casts to NVIDIA's and the kernel's unsigned types truncate (also before a parenthesis or a unary
+    operator); '==' binds tighter than '|'; '&&'/'||' with an unknown operand are known only when the other
+    decides (None: undecidable). (Kills: a cast name, '==' in the precedence table, the '&&' shortcut and the
+    cast's unary-operand rule mutated.)"""
+    from spark_memsaver.decide import c_expr
+
+    def ident(name, defined=False):
+        return None                     # U: a macro whose value cannot be known here
+    assert c_expr.Expr(c_expr.tokens(text), ident, allow_defined=False).parse() == value
