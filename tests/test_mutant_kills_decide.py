@@ -87,7 +87,8 @@ def test_mok_reasons_are_said_whole(tmp_path, certs):
     sha = hashlib.sha256(certs["ours"]).hexdigest()
     missed = reason("pending-enroll", extra={
         "/proc/sys/kernel/random/boot_id": "boot-B\n",
-        omok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": "boot-A", "requested_at": "2026-11-30T01:00Z"})})
+        omok.REQUEST_RECORD: json.dumps({"cert_sha256": sha, "boot_id": "boot-A",
+                                        "requested_at": "2026-11-30T01:00Z"})})
     assert missed.startswith("an enrollment request (MokNew) is waiting: on the next boot confirm it at the console "
                              "in MokManager; it was requested at 2026-11-30T01:00Z, before the last reboot, so "
                              "MokManager did not run then ("), missed
@@ -238,3 +239,20 @@ def test_c_expressions_evaluate_as_the_preprocessor_does(text, value):
     def ident(name, defined=False):
         return None                     # U: a macro whose value cannot be known here
     assert c_expr.Expr(c_expr.tokens(text), ident, allow_defined=False).parse() == value
+
+
+# --- decide/sources.py ----------------------------------------------------------------------------------------
+
+def test_an_ubuntu_server_driver_on_a_debian_system_takes_ubuntus_source_first():
+    """os-release says Debian, but the installed driver is Ubuntu's server flavour (nvidia-kernel-common-580-
+    server): its own family's source package comes first; Debian's candidates keep their documented shape (the
+    tarball package: no tree, the tarball's path). (Kills: the server package name and the 'tarball' key.)"""
+    from spark_memsaver.decide import sources
+    got = sources.source_package("580.142", {"os_id": "debian",
+                                             "installed": {"nvidia-kernel-common-580-server": "580.142-0ubuntu1"}})
+    assert [c["package"] for c in got][:2] == ["nvidia-kernel-source-580-server-open", "nvidia-kernel-source-580-open"]
+    assert sources.source_package("580.142", {"os_id": "debian"})[:2] == [
+        {"package": "nvidia-open-kernel-dkms", "layout": "debian-dkms", "tree": "/usr/src/nvidia-current-open-580.142",
+         "tarball": None},
+        {"package": "nvidia-open-kernel-source", "layout": "debian-tarball", "tree": None,
+         "tarball": "/usr/src/nvidia-open-kernel.tar.xz"}]
