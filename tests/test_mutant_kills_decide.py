@@ -256,3 +256,28 @@ def test_an_ubuntu_server_driver_on_a_debian_system_takes_ubuntus_source_first()
          "tarball": None},
         {"package": "nvidia-open-kernel-source", "layout": "debian-tarball", "tree": None,
          "tarball": "/usr/src/nvidia-open-kernel.tar.xz"}]
+
+
+def test_a_step_as_json_carries_only_what_was_said():
+    """A step's JSON (reconcile --dry-run --json, the history) leaves out every field not given: no empty
+    reason or remedy, no null. (Kills: the defaults and the 'not said' values of Step.to_dict mutated.)"""
+    from spark_memsaver.decide.step import Step
+    assert Step("ok", K).to_dict() == {"action": "ok", "kernel": K}
+    assert Step("stay-stock", K, "why", remedy="sudo x").to_dict() == {"action": "stay-stock", "kernel": K,
+                                                                      "reason": "why", "remedy": "sudo x"}
+
+
+# --- decide/c_macros.py: the kernel's size macros and NVIDIA's limits ----------------------------------------
+
+@pytest.mark.parametrize("macro,value", [("SZ_64K", 65536), ("SZ_4K", 4096), ("SZ_2M", 2 << 20), ("SZ_1G", 1 << 30),
+                                         ("SZ_4G", 4 << 30), ("NV_U8_MAX", 255), ("NV_U16_MAX", 65535)])
+def test_builtin_size_macros_have_the_kernels_values(macro, value):
+    """nv-linux.h compares PAGE_SIZE with SZ_64K and friends (linux/sizes.h, not in the header itself).
+    (Kills: a size or limit of the builtin table mutated, e.g. SZ_64K lost.)"""
+    from spark_memsaver.decide import c_macros
+    assert c_macros.macro_value(f"#define PROBE ({macro})\n", "PROBE", 65536) == value
+
+
+def test_sizes_are_said_in_kib_or_mib():
+    from spark_memsaver.decide import c_macros
+    assert [c_macros.kib(n) for n in (4096, 65536, 2 << 20, 3 << 20)] == ["4 KiB", "64 KiB", "2 MiB", "3 MiB"]
