@@ -281,3 +281,19 @@ def test_builtin_size_macros_have_the_kernels_values(macro, value):
 def test_sizes_are_said_in_kib_or_mib():
     from spark_memsaver.decide import c_macros
     assert [c_macros.kib(n) for n in (4096, 65536, 2 << 20, 3 << 20)] == ["4 KiB", "64 KiB", "2 MiB", "3 MiB"]
+
+
+# --- decide/policy.py: the refusal is said whole, naming the kernel --------------------------------------------
+
+def test_policy_refusals_name_the_kernel_and_the_rule():
+    """(Kills: the release dropped from the sentence, the page size miscomputed, the config-unreadable wording.)"""
+    from spark_memsaver.decide import policy
+    cfg = Config()
+    x86 = {"release": "6.1.0-40-amd64", "page_size": 4096, "kconfig": {"CONFIG_X86_64": "y"}}
+    assert policy.verdict(x86, cfg) == policy.PolicyVerdict(
+        False, "kernel 6.1.0-40-amd64 has 4 KiB pages; policy 'kernels: 64k-only' builds only for 64 KiB kernels",
+        "page-size")
+    unread = policy.kernel_of("6.8.0-1-nvidia-64k", None)
+    assert policy.verdict(unread, cfg) == policy.PolicyVerdict(
+        False, "kernel 6.8.0-1-nvidia-64k is a kernel whose configuration cannot be read; policy 'kernels: "
+        "64k-only' builds only for arm64 kernels with CONFIG_ARM64_64K_PAGES", "config-unreadable")
