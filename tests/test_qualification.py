@@ -280,7 +280,7 @@ def test_580_142_relabelled_580_178_04_inherits_nvidia_tests_by_content(tmp_path
     ("580.126.20", "range", "nvidia-tests", "580.142", []),             # = 580.142's bytes: the tested tree wins
     ("580.94.06", "range", "compile-verified", "580.95.05", []),
     ("580.82.09", "range", "untested", None, [MMU]),                    # uvm_mmu.c differs from every 580 tree
-    ("590.44.01", "content", "compile-verified", "590.48.01", []),      # no 590 range: unlisted, by content
+    ("590.44.01", "content", "nvidia-tests", "590.48.01", []),          # no 590 range: unlisted, by content
 ])
 def test_real_upstream_releases_by_content(tag, match, qualification, inherited_from, drifted):
     """Real NVIDIA releases the manifest does not list exactly (GitHub tags; the shared directory holds 590.44.01,
