@@ -297,3 +297,13 @@ def test_policy_refusals_name_the_kernel_and_the_rule():
     assert policy.verdict(unread, cfg) == policy.PolicyVerdict(
         False, "kernel 6.8.0-1-nvidia-64k is a kernel whose configuration cannot be read; policy 'kernels: "
         "64k-only' builds only for arm64 kernels with CONFIG_ARM64_64K_PAGES", "config-unreadable")
+
+
+# --- decide/hazards.py ----------------------------------------------------------------------------------------------
+
+def test_an_unreadable_hazards_table_is_said_whole():
+    """(Kills: the sentence's end mutated.)"""
+    from spark_memsaver.decide import hazards
+    (f,) = hazards.findings_from_inputs({"table": {"text": None, "error": "bad YAML at line 3"}})
+    assert (f["code"], f["message"]) == ("hazards-table-unreadable", "The known-hazards table could not be read "
+                                         "(bad YAML at line 3): known NVIDIA driver faults are not checked.")
