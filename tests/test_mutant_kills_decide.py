@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from spark_memsaver.host import Host
 from spark_memsaver.observe import mok as omok
 from tests.test_decide import K, base_snapshot, module, ours_loaded
 from tests.test_mok import certs, make_root, scenarios  # noqa: F401  (certs: the fixture, openssl-made)
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _codes(v):
@@ -307,3 +310,16 @@ def test_an_unreadable_hazards_table_is_said_whole():
     (f,) = hazards.findings_from_inputs({"table": {"text": None, "error": "bad YAML at line 3"}})
     assert (f["code"], f["message"]) == ("hazards-table-unreadable", "The known-hazards table could not be read "
                                          "(bad YAML at line 3): known NVIDIA driver faults are not checked.")
+
+
+def test_hazard_reasons_say_how_they_were_decided():
+    """Without a driver source: decided by the version, and the finding says so; without a readable version
+    either: unknown, naming the unreadable version. (Kills: those two wordings mutated.)"""
+    from spark_memsaver.decide import hazards as hz
+    (h,) = [h for h in hz.load_hazards((REPO / "uvm_patch/hazards.yaml").read_text()) if h.reference.endswith("#1269")]
+    kw = dict(arch="aarch64", page_size=65536, nv_linux_h_text=None)
+    a = hz.assess(h, driver_version="590.44.01", **kw)
+    assert hz.finding(h, a)["message"].endswith(
+        "(decided by the driver version (590.44.01 and newer): no driver source on this node).")
+    assert hz.assess(h, driver_version="garbage", **kw).reason == (
+        "no driver source on this node and no readable driver version ('garbage')")
