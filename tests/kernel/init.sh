@@ -5,7 +5,7 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 echo "VM-BOOTED kernel=$(uname -r) page_size=$(getconf PAGESIZE 2>/dev/null)"
 for t in 0 1 2 3; do
-	insmod /pt_pack_selftest.ko uvm_pt_pack=$t threads=4 ops=${SELFTEST_OPS:-20000}
+	insmod /pt_pack_selftest.ko uvm_pt_pack=$t threads=${SELFTEST_THREADS:-4} ops=${SELFTEST_OPS:-20000}
 	echo "STATS-BEGIN tier=$t"; cat /sys/module/pt_pack_selftest/parameters/uvm_pt_pack_stats; echo "STATS-END"
 	rmmod pt_pack_selftest
 done

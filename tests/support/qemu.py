@@ -222,11 +222,16 @@ def kernel(kind: str) -> Kernel:
     raise ValueError(kind)
 
 
-def selftest_module(k: Kernel, dest: Path) -> Path:
-    """Build tests/kernel/selftest (+ the pool, unchanged) against k.tree into dest; returns the .ko."""
+def selftest_module(k: Kernel, dest: Path, defines: tuple[str, ...] = ()) -> Path:
+    """Build tests/kernel/selftest (+ the pool, unchanged) against k.tree into dest; returns the .ko.
+    defines: test-only macros for the pool's object (UVM_PT_PACK_TEST_FAKE_GPU: cumulative test_total_*
+    counters; UVM_PT_PACK_FAULT_INJECT=n: a deliberately broken pool, to show that a run fails)."""
     dest.mkdir(parents=True, exist_ok=True)
     for f in (KDIR / "selftest").iterdir():
         shutil.copy(f, dest / f.name)
+    if defines:
+        with open(dest / "Kbuild", "a") as fh:
+            fh.write("CFLAGS_uvm_pt_pack.o +=" + "".join(f" -D{d}" for d in defines) + "\n")
     for f in ("uvm_pt_pack.c", "uvm_pt_pack.h"):
         shutil.copy(REPO / "uvm_patch" / "src" / f, dest / f)
     extra = [f"KERNELRELEASE={k.release}"] if k.kind.startswith("debian") else []

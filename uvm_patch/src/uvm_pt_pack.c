@@ -528,7 +528,8 @@ found:
 static bool pt_pack_bad_free(const char *what, struct page *page, u64 gpu_addr, u64 size, u32 tag)
 {
 	atomic64_inc(&pt_pack_bad_frees);
-	WARN(1, "uvm_pt_pack: bad free (%s): pfn %lx addr 0x%llx size %llu tag %u; page kept\n",
+	/* once: every further one is counted (bad_frees); a splat each would flood the log */
+	WARN_ONCE(1, "uvm_pt_pack: bad free (%s): pfn %lx addr 0x%llx size %llu tag %u; page kept\n",
 	     what, page ? page_to_pfn(page) : 0UL, (unsigned long long)gpu_addr,
 	     (unsigned long long)size, tag);
 	return true;

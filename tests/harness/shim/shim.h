@@ -54,6 +54,8 @@ void shim_bug(const char *cond, const char *file, int line) __attribute__((noret
 #define BUG_ON(c) do { if (c) shim_bug(#c, __FILE__, __LINE__); } while (0)
 #define WARN(c, ...) ({ int __c = !!(c); if (__c) { shim_warn(#c, __FILE__, __LINE__); \
 	if (!shim_warn_quiet) fprintf(stderr, __VA_ARGS__); } __c; })
+/* the _ONCE forms count every hit (the harness checks each bad free; the kernel prints the first only) */
+#define WARN_ONCE(c, ...) WARN(c, __VA_ARGS__)
 
 /* ---- printk: counted per level; the ratelimited variant counts as its own level ---- */
 extern int shim_warn_quiet;
