@@ -131,6 +131,19 @@ def test_pool_stress_in_6_12_64k_debug_kernel(tmp_path):
     assert int(_stats(log, 2)["test_total_c4096_tables"]) > 0
 
 
+@pytest.mark.slow
+def test_pool_stress_fails_on_a_broken_pool_in_6_12_64k_debug_kernel(tmp_path):
+    """Not vacuous: the same run with the pool built to hand out slots without marking them used
+    (UVM_PT_PACK_FAULT_INJECT=1: overlapping tables) fails on the selftest's own checks."""
+    k, log = _boot("debug-6.12-64k", tmp_path, threads=STRESS_THREADS, defines=("UVM_PT_PACK_FAULT_INJECT=1",))
+    assert "VM-DONE" in log, log[-3000:]
+    results = {int(m.group(1)): m for m in RESULT.finditer(log.split("BADPARAM-BEGIN", 1)[0])}
+    assert results[0].group(2) == "pass", results[0].group(0)
+    for tier in (1, 2, 3):
+        assert results[tier].group(2) == "fail" and int(results[tier].group(9)) > 0, results[tier].group(0)
+    assert "clobbered (overlap)" in log
+
+
 def test_bad_patterns_catch_a_kasan_report():
     """The console filter is not vacuous: a real KASAN/lockdep/WARN line shape is caught."""
     sample = ("[   12.1] BUG: KASAN: slab-use-after-free in uvm_pt_pack_free+0x44/0x1c0\n"
