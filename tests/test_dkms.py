@@ -565,7 +565,7 @@ def test_restore_keeps_a_stock_file_a_driver_package_replaced(tmp_path):
     backup.parent.mkdir(parents=True)
     backup.write_bytes(old.read_bytes())
     sparkroot.write(root, f"/var/lib/spark-memsaver/dkms/{k}.json",
-                    json.dumps({"stock_path": stock, "stock_sha256": old_sha}))
+                    json.dumps({"kernel": k, "stock_path": stock, "stock_sha256": old_sha}))
     new_sha = hashlib.sha256((root / stock.lstrip("/")).read_bytes()).hexdigest()
     res = override.restore_stock(Host(root), k)
     assert res["ok"], res
