@@ -124,8 +124,22 @@ def test_slow_budget(monkeypatch):
         needs.slow_budget_spent()
 
 
+#: the run-shaping variables .ci/run exports: an inner run starts without them, then gets what a test gives it
+_RUN_ENVS = (needs.SLOW_BUDGET_ENV, needs.T0_ENV, needs.WATCHDOG_ENV, needs.CI_SHARE_ENV)
+
+
+def _inner_pytest(tmp_path, name: str, source: str, markers: str, **env: str) -> subprocess.CompletedProcess:
+    """Run tests/conftest.py over ``source`` (written to ``name``) in a pytest of its own, with ``env`` set."""
+    (tmp_path / name).write_text(textwrap.dedent(source))
+    full = {k: v for k, v in os.environ.items() if k not in _RUN_ENVS}
+    full.update(env, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
+            "-o", f"markers={markers}", "--rootdir", str(tmp_path), str(tmp_path / name)]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=full, timeout=120)
+
+
 def test_slow_tests_past_the_budget_are_skipped_even_under_tools_test(tmp_path):
-    (tmp_path / "test_budget.py").write_text(textwrap.dedent("""
+    source = """
         import pytest
 
         def test_fast():
@@ -138,14 +152,10 @@ def test_slow_tests_past_the_budget_are_skipped_even_under_tools_test(tmp_path):
         @pytest.mark.kernel
         def test_vm():
             pass
-    """))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
-    env[needs.STRICT_ENV] = "1"
-    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
-            "-o", "markers=slow\nkernel", "--rootdir", str(tmp_path), str(tmp_path / "test_budget.py")]
+    """
     for budget, expect in (("0", "1 passed, 2 skipped"), ("3600", "3 passed")):
-        env[needs.SLOW_BUDGET_ENV] = budget
-        r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        r = _inner_pytest(tmp_path, "test_budget.py", source, "slow\nkernel",
+                          **{needs.STRICT_ENV: "1", needs.SLOW_BUDGET_ENV: budget})
         assert expect in r.stdout, r.stdout
 
 
@@ -179,7 +189,7 @@ def test_watchdog_limit_parsing(monkeypatch):
 
 
 def test_a_hung_test_is_stopped_by_the_watchdog_and_light_tests_run_first(tmp_path):
-    (tmp_path / "test_hang.py").write_text(textwrap.dedent("""
+    source = """
         import subprocess, time
         import pytest
 
@@ -196,14 +206,9 @@ def test_a_hung_test_is_stopped_by_the_watchdog_and_light_tests_run_first(tmp_pa
         def test_runs_after_it():
             ORDER.append("after")
             assert ORDER == ["hang", "after"]
-    """))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
-    env.pop(needs.SLOW_BUDGET_ENV, None)
-    env[needs.WATCHDOG_ENV] = "2,30"
-    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
-            "-o", "markers=slow", "--rootdir", str(tmp_path), str(tmp_path / "test_hang.py")]
+    """
     t = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    r = _inner_pytest(tmp_path, "test_hang.py", source, "slow", **{needs.WATCHDOG_ENV: "2,30"})
     assert time.monotonic() - t < 40, r.stdout
     assert "1 failed, 2 passed" in r.stdout, r.stdout
     assert "WatchdogExpired" in r.stdout and "test_hangs_in_a_child ran past 2 s" in r.stdout, r.stdout
@@ -211,7 +216,7 @@ def test_a_hung_test_is_stopped_by_the_watchdog_and_light_tests_run_first(tmp_pa
 
 
 def test_ci_share_marked_tests_skip_only_under_ci(tmp_path):
-    (tmp_path / "test_share.py").write_text(textwrap.dedent("""
+    source = """
         import pytest
 
         @pytest.mark.ci_share("costs 20 min cold")
@@ -220,14 +225,8 @@ def test_ci_share_marked_tests_skip_only_under_ci(tmp_path):
 
         def test_small():
             pass
-    """))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]))
-    env.pop(needs.SLOW_BUDGET_ENV, None)
-    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", "-q",
-            "-o", "markers=ci_share", "--rootdir", str(tmp_path), str(tmp_path / "test_share.py")]
+    """
     for share, expect in (("1", "1 passed, 1 skipped"), ("", "2 passed")):
-        env[needs.CI_SHARE_ENV] = share
-        r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        r = _inner_pytest(tmp_path, "test_share.py", source, "ci_share", **{needs.CI_SHARE_ENV: share})
         assert expect in r.stdout, r.stdout
-    assert "costs 20 min cold" in subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path,
-                                                 env=dict(env, **{needs.CI_SHARE_ENV: "1"}), timeout=120).stdout
+        assert ("costs 20 min cold" in r.stdout) == (share == "1"), r.stdout
