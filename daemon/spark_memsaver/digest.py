@@ -6,13 +6,15 @@ hashlib's (tests/test_speed.py)."""
 from __future__ import annotations
 
 
+try:
+    from _sha256 import sha256 as _new
+except ImportError:
+    try:
+        from _sha2 import sha256 as _new
+    except ImportError:
+        from hashlib import sha256 as _new
+
+
 def sha256(data: bytes = b""):
     """A SHA-256 object (``update``, ``digest``, ``hexdigest``) fed ``data``."""
-    try:
-        from _sha256 import sha256 as new
-    except ImportError:
-        try:
-            from _sha2 import sha256 as new
-        except ImportError:
-            from hashlib import sha256 as new
-    return new(data)
+    return _new(data)
