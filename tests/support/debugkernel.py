@@ -102,5 +102,8 @@ def _build(series: str, base: Path, wanted: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    k = debug_kernel(sys.argv[1] if len(sys.argv) > 1 else "7.")
+    arg = (sys.argv[1] if len(sys.argv) > 1 else "7").rstrip(".") + "."      # "6.12" and "6.12." alike
+    if arg not in SERIES:
+        sys.exit(f"debugkernel.py: no debug kernel series {sys.argv[1]!r}; one of: {', '.join(s.rstrip('.') for s in SERIES)}")
+    k = debug_kernel(arg)
     print(k.kind, k.release, k.image)
