@@ -193,6 +193,8 @@ SCENARIOS = {
     "stock64k":     {"state": "stock"},
     "heldremove-ok": {"state": "stock", "held": "remove"},        # the administrator's `remove --all`
     "heldrollback-ok": {"state": "stock", "held": "rollback"},    # `rollback`, no failure on record
+    # the administrator's `rollback` writes a rollback record and a hold: status says rolled-back, on purpose
+    "rolledbackheld-ok": {"state": "rolled-back", "held": "rollback"},
 }
 #: alert -> [(eval time, instances expected firing)]
 EXPECT = {
@@ -431,3 +433,20 @@ if __name__ == "__main__":
     else:
         print("usage: python3 tests/test_monitoring.py --write", file=sys.stderr)
         sys.exit(2)
+
+
+def test_every_command_an_alert_gives_is_runnable_as_written():
+    """An alert's description is a remedy read on a dashboard: each `command` in it exists, parses with the CLI's
+    own parser and carries sudo exactly when it needs root (the same check as tests/test_remedies.py)."""
+    from tests.test_remedies import check_command
+    doc = yaml.safe_load(ALERTS.read_text())
+    commands, problems = [], []
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            text = " ".join(rule.get("annotations", {}).values())
+            for c in re.findall(r"`([^`]+)`", text):
+                if re.match(r"(sudo )?(spark-memsaver|systemctl|journalctl)\b", c):
+                    commands.append(c)
+                    problems += [f"{rule['alert']}: {p}" for p in check_command(c)]
+    assert len(commands) >= 6, commands
+    assert not problems, "\n".join(problems)
