@@ -5,6 +5,12 @@ through `import_role: tasks_from`) on localhost: without a terminal (stdin from 
 it refuses and nothing after it runs; `-e mok_console_ready=true` passes; on a terminal (a pty here) typing
 "ready" passes and anything else refuses. secure_boot.yml is read to show the gate comes before the request and
 the reboot, and that the countdown is finite unless --wait-at-console is chosen.
+
+The whole MOK step (secure_boot.yml) also runs without a terminal against the real CLI: `spark-memsaver` on the
+play's PATH is the checkout's CLI with `--root` at a Spark fixture root whose byte-exact efivarfs files say
+Secure Boot on and the key not enrolled (the EFI firmware is what stands in). It refuses at the gate: `mok
+status` is the only command run, nothing is requested (the role's reboot is switched off here in any case:
+the play runs on this machine).
 """
 
 from __future__ import annotations
@@ -104,6 +110,61 @@ def test_on_a_terminal_typing_ready_passes_and_anything_else_refuses(playbook):
     assert "MokManager counts down 300 s" in out and "boots on" in out
     rc, out = _on_a_terminal(playbook, "")
     assert rc != 0 and "MOK step refused" in out and MARK not in out, out[-3000:]
+
+
+STEP = """
+- name: The role's MOK step
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: MOK step
+      ansible.builtin.import_role:
+        name: spark_memsaver
+        tasks_from: secure_boot.yml
+"""
+
+
+@pytest.fixture
+def not_enrolled_node(tmp_path):
+    """A PATH whose spark-memsaver is the real CLI on a Spark root with Secure Boot on and our key not enrolled,
+    logging each call's arguments."""
+    needs.require("ansible-playbook", remedy="apt-get install ansible-core (tools/deps/ops.txt)")
+    from tests.test_secure_boot_path import node, not_enrolled
+    from tests.test_mok import _openssl_cert
+    keys = {"ours": _openssl_cert(tmp_path, "ours", "/CN=DKMS module signing key").read_bytes(),
+            "vendor": _openssl_cert(tmp_path, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()}
+    root = node(tmp_path / "root", keys["ours"], not_enrolled(keys))
+    bindir, calls = tmp_path / "bin", tmp_path / "calls.log"
+    bindir.mkdir()
+    (bindir / "spark-memsaver").write_text(
+        f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {calls}\n"
+        f"PYTHONPATH={REPO / 'daemon'} exec /usr/bin/python3 -m spark_memsaver --root {root} \"$@\"\n")
+    (bindir / "spark-memsaver").chmod(0o755)
+    play = tmp_path / "step.yml"
+    play.write_text(STEP)
+    return play, bindir, calls
+
+
+def _step(play, bindir, *extra):
+    env = dict(_env(play.parent), PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    return subprocess.run(["ansible-playbook", "-i", "localhost,", str(play), "-e", "spark_memsaver_mok_reboot=false",
+                           "-e", "spark_memsaver_mok_password=one-time-pw", *extra], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_whole_mok_step_without_a_terminal_refuses_before_requesting(not_enrolled_node):
+    play, bindir, calls = not_enrolled_node
+    r = _step(play, bindir)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "MOK step refused: nobody confirmed being at the console" in out, out[-3000:]
+    assert calls.read_text().splitlines() == ["mok status --json"], calls.read_text()
+    # with someone declared at the console the same run goes on to the request (which the real CLI refuses
+    # here: --root inspects, it never writes firmware variables), so the gate is what stopped the first run
+    r = _step(play, bindir, "-e", "mok_console_ready=true")
+    assert r.returncode != 0 and "MOK step refused" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    assert calls.read_text().splitlines()[1:] == [
+        "mok status --json", "mok enroll --password-stdin --json --console-timeout 300"], calls.read_text()
 
 
 def test_the_gate_comes_before_the_request_and_the_reboot_and_the_countdown_is_finite():
