@@ -5,7 +5,7 @@ bash and busybox sh. What stands in: **the kernel's refusal**. No module can be 
 guard's dry run (SPARK_MEMSAVER_GUARD_DRYRUN=1) is told by SPARK_MEMSAVER_GUARD_DRYRUN_REFUSE to treat the
 load of ours as failed with the exact error text kmod's modprobe prints for that errno
 ("modprobe: ERROR: could not insert 'nvidia_uvm': <text>"). The same path with a real kernel refusing a real
-module (module.sig_enforce=1 and an untrusted key; an unknown symbol) is tests/test_kernel_guard.py.
+module (module.sig_enforce=1 and an untrusted key; an unknown symbol) is tests/test_kernel_guard_refused.py.
 
 SPARK_MEMSAVER_TEST_GUARD=PATH runs these against another copy of the guard (the previous one fails them:
 it exited with modprobe's failure and loaded nothing).
