@@ -29,6 +29,10 @@ BAD_SAMPLE_LINES = ['{"time": 1e300, "reason": "interval"}', '{"time": NaN, "rea
 NOW = time.time()
 
 
+def _no_constant(name):
+    raise AssertionError(f"{name} in the JSON output")
+
+
 def _good(t):
     return json.dumps({"time": t, "reason": "interval", "mem_available": 1 << 30})
 
@@ -68,6 +72,25 @@ def test_a_failed_rotation_resets_the_buffer(tmp_path):
     assert len((d / "current.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_failing_write_keeps_the_buffer_bounded(tmp_path):
+    """The history directory cannot be written at all (its path taken by a file: ENOTDIR/EEXIST, as a read-only
+    or full file system would fail): samples are dropped past one segment, never kept in memory without end
+    (before: every sample stayed in the list, and the whole list was joined again at each sample). Writing
+    resumes when the directory can be made again."""
+    root, d = _history_root(tmp_path)
+    d.rmdir()
+    d.write_text("not a directory\n")
+    h = hist.History(Host(str(root)), 60)
+    t0 = 1_800_000_000.0
+    for i in range(hist.SEGMENT * 4):
+        assert h.append({"time": t0 + i, "reason": "interval"}) is False
+    assert len(h._current) <= hist.SEGMENT, len(h._current)
+    d.unlink()
+    assert h.append({"time": t0 + hist.SEGMENT * 4, "reason": "interval"}) is True
+    rows = hist.read(Host(str(root)))
+    assert 1 <= len(rows) <= hist.SEGMENT and rows[-1]["time"] == t0 + hist.SEGMENT * 4
+
+
 def test_the_sampler_keeps_its_glib_timer_when_a_sample_fails(tmp_path):
     """A real GLib main loop with the monitor's own 1 s timer; each sample's consumer raises."""
     from gi.repository import GLib
@@ -90,13 +113,13 @@ def test_the_sampler_keeps_its_glib_timer_when_a_sample_fails(tmp_path):
 def test_history_command_skips_and_counts_bad_lines(tmp_path):
     root, d = _history_root(tmp_path)
     (d / "current.jsonl").write_text("\n".join(BAD_SAMPLE_LINES + [_good(NOW - 120), _good(NOW - 60)]) + "\n")
+    r = cli("--root", str(root), "history")              # before: exit 3 (OverflowError on 1e300, ValueError on NaN)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, (r.returncode, r.stdout + r.stderr)
     r = cli("--root", str(root), "history", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = json.loads(r.stdout)                            # strict JSON: no NaN/Infinity in it
+    rows = json.loads(r.stdout, parse_constant=_no_constant)   # strict JSON: no NaN/Infinity in it
     assert [round(x["time"]) for x in rows] == [round(NOW - 120), round(NOW - 60)]
     assert f"{len(BAD_SAMPLE_LINES)} unreadable lines skipped" in r.stderr
-    r = cli("--root", str(root), "history")
-    assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, r.stdout + r.stderr
 
 
 BAD_EVENT_LINES = ['{"time": 1e300, "op": "install", "ok": true}', '{"time": NaN, "op": "install"}',
@@ -114,10 +137,10 @@ def test_events_command_skips_and_counts_bad_lines(tmp_path):
     p.parent.mkdir(parents=True, exist_ok=True)
     good = json.dumps({"time": "2026-12-01T11:00:00Z", "op": "install", "ok": True, "kernel": "6.8.0-1"})
     p.write_text("\n".join(BAD_EVENT_LINES + [good]) + "\n")
-    rows, skipped = ev.read_counted(Host(str(root)))
-    assert rows == [json.loads(good)] and skipped == len(BAD_EVENT_LINES)
     for args in (("events",), ("events", "--json"), ("events", "--since", "2026-11-30")):
-        r = cli("--root", str(root), *args)
-        assert r.returncode == 0, (args, r.stdout + r.stderr)
+        r = cli("--root", str(root), *args)              # before: `events` exit 3 (AttributeError)
+        assert r.returncode == 0, (args, r.returncode, r.stdout + r.stderr)
         assert f"{len(BAD_EVENT_LINES)} unreadable lines skipped" in r.stderr
         assert "6.8.0-1" in r.stdout
+    rows, skipped = ev.read_counted(Host(str(root)))
+    assert rows == [json.loads(good)] and skipped == len(BAD_EVENT_LINES)

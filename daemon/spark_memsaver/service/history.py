@@ -9,7 +9,8 @@ is older than 7 days before the newest one, are deleted.
 
 A line is used only when it is a JSON object whose ``time`` is a finite epoch in :data:`TIME_RANGE` (a valid
 JSON line with ``1e300``, ``NaN`` or ``Infinity`` is skipped and counted, as a torn line is); a rotation that
-fails still empties the in-memory list (those samples stay in ``current.jsonl`` until the next write).
+fails still empties the in-memory list (those samples stay in ``current.jsonl`` until the next write), and
+while ``current.jsonl`` cannot be written at all the list keeps fewer than :data:`SEGMENT` samples, the newest.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class History:
             self._warned = False
             return True
         except OSError as e:
+            del self._current[:max(0, len(self._current) - SEGMENT + 1)]   # unwritable: less than a segment kept
             if not self._warned:
                 log.warning("cannot persist the monitoring history in %s: %s", self.dir, e.strerror or e)
                 self._warned = True
