@@ -122,6 +122,34 @@ def test_assess_turns_any_failure_into_the_version_rule():
     assert [f["code"] for f in fs] == ["hazard-check-failed", "driver-hazard-dma-submap"]
 
 
+@pytest.mark.parametrize("exc", [KeyError("PAGE_SHIFT"), MemoryError(), ZeroDivisionError("integer division")])
+def test_any_failure_of_the_check_is_a_finding_not_an_exception(monkeypatch, exc):
+    """Not only the reader's own limits: whatever the content check raises (a bug of ours, memory) becomes the
+    hazard-check-failed finding and the version rule decides; assess() itself raising likewise. The raising
+    check stands in for a reader bug not known yet."""
+    (h,) = [h for h in hz.load_hazards(TABLE.read_text()) if h.reference.endswith("#1269")]
+
+    def broken(*a, **k):
+        raise exc
+    monkeypatch.setattr(hz, "content_verdict", broken)
+    a = hz.assess(h, driver_version="595.45.04", arch="aarch64", page_size=K64, nv_linux_h_text=excerpt("595.45.04"))
+    assert (a.state, a.decided_by) == (hz.AFFECTED, "version"), a.reason
+    assert a.reason.startswith(f"hazard check could not read nv-linux.h: {type(exc).__name__}"), a.reason
+    inputs = {"table": {"path": str(TABLE), "text": TABLE.read_text()}, "driver_version": "595.45.04",
+              "arch": "aarch64", "page_size": K64, "sources": {"common/inc/nv-linux.h": excerpt("595.45.04")}}
+    assert [f["code"] for f in hz.findings_from_inputs(inputs)] == ["hazard-check-failed", "driver-hazard-dma-submap"]
+    real = hz.assess
+
+    def assess_raising(hazard, **kw):
+        if kw.get("nv_linux_h_text") is not None:
+            raise exc
+        return real(hazard, **kw)
+    monkeypatch.setattr(hz, "assess", assess_raising)
+    fs = hz.findings_from_inputs(inputs)
+    assert [f["code"] for f in fs] == ["hazard-check-failed", "driver-hazard-dma-submap"], fs
+    assert type(exc).__name__ in fs[0]["message"] and "judged by its version" in fs[0]["message"], fs[0]
+
+
 def test_status_survives_a_deeply_nested_record(tmp_path):
     """Found by tests/test_fuzz.py: a record file of 100,000 '[' raised RecursionError (status exit 3)."""
     from tests.support import sparkroot

@@ -52,6 +52,28 @@ def test_pathless_or_relative_path_never_searches_the_current_directory(tmp_path
     assert all(d.startswith("/") for d in child_path.split(":")), child_path   # the children's PATH too
 
 
+def test_root_runs_the_system_tool_before_an_absolute_entry_of_the_callers_path(tmp_path):
+    """Root whose PATH starts with a user-writable absolute directory (a sudo keeping the caller's PATH, a
+    hook's environment): the system's modinfo is found and run, not the planted one; the children's PATH
+    starts with the system directories too. Before: the caller's PATH came first."""
+    user = tmp_path / "home/user/bin"
+    user.mkdir(parents=True)
+    mark = _plant(user)
+    code = ("from spark_memsaver.host.runner import Runner\n"
+            "r = Runner()\n"
+            "print(r.which('modinfo'))\n"
+            "print(r.run(['modinfo', '--version']).returncode)\n"
+            "print(r.run(['sh', '-c', 'echo $PATH']).stdout.strip())\n")
+    out = subprocess.run(["env", "-i", f"PYTHONPATH={REPO / 'daemon'}", f"PATH={user}:/usr/bin:/bin", "/usr/bin/python3",
+                          "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    which, rc, child_path = out.stdout.splitlines()
+    assert which in [f"{d}/modinfo" for d in runner.SYSTEM_PATH.split(":")], which
+    assert rc == "0" and not mark.exists(), mark.read_text() if mark.exists() else rc
+    system = runner.SYSTEM_PATH.split(":")
+    assert child_path.split(":") == system + [str(user)], child_path
+
+
 def test_status_as_root_from_a_planted_directory(tmp_path):
     """The whole `status` (modinfo, dpkg-query, apt-cache, keyctl, ...) under `env -i`, from a directory
     holding a planted copy of every tool it may run."""
