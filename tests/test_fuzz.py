@@ -6,7 +6,7 @@ the EFI variable / signature list / X.509 parsers (spark_memsaver/efi/). For eac
 (bit flips, cuts, insertions, duplicated runs) of a real seed (NVIDIA's nv-linux.h excerpt, a real sample, a
 real record, a real signature list around a certificate made by openssl). A "crash" is any exception other
 than the reader's documented ones (CEvalError, BadRecord, EfiFormatError), or one input running past
-PER_INPUT_S; hypothesis shrinks it and the test fails with it.
+PER_INPUT_S of CPU time (it is stopped there: SIGVTALRM); hypothesis shrinks it and the test fails with it.
 
 Budget: SPARK_MEMSAVER_FUZZ_SECONDS for the whole harness (default 30 s in CI), shared evenly by its
 N_TARGETS targets; set it higher for a long run, e.g. ``SPARK_MEMSAVER_FUZZ_SECONDS=1800 tools/test
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -49,7 +50,7 @@ def report(request):
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
     total = sum(r["inputs"] for r in REPORT.values())
     lines = [f"fuzz: {name}: {r['inputs']} inputs in {r['seconds']:.1f} s, slowest {r['slowest_s'] * 1000:.0f} ms, "
-             f"{r['crashes']} crashes" for name, r in sorted(REPORT.items())]
+             f"{r['crashes']} crashes; slowest input: {r['slowest_input']}" for name, r in sorted(REPORT.items())]
     lines.append(f"fuzz: {total} inputs in {sum(r['seconds'] for r in REPORT.values()):.1f} s over "
                  f"{len(REPORT)} targets, {sum(r['crashes'] for r in REPORT.values())} crashes")
     capman = request.config.pluginmanager.getplugin("capturemanager")
@@ -64,31 +65,71 @@ def report(request):
         Path(os.environ["SPARK_MEMSAVER_FUZZ_REPORT"]).write_text(json.dumps(REPORT, indent=2) + "\n")
 
 
-def run_for_budget(name: str, check, strategy) -> None:
-    """Run ``check(input)`` on hypothesis' inputs from ``strategy`` for BUDGET_S (in chunks of 40 inputs)."""
-    r = REPORT.setdefault(name, {"inputs": 0, "seconds": 0.0, "slowest_s": 0.0, "crashes": 0})
+class InputTimeout(BaseException):
+    """One input ran past its CPU-time bound. A BaseException, so that a reader's own ``except Exception``
+    (hazards.assess turns any failure into a finding) cannot hide a hang."""
+
+
+def _expire(signum, frame):
+    raise InputTimeout()
+
+
+def run_for_budget(name: str, check, strategy, per_input_s: float = PER_INPUT_S, budget_s: float = BUDGET_S,
+                   report: bool = True) -> None:
+    """Run ``check(input)`` on hypothesis' inputs from ``strategy`` for ``budget_s`` (in chunks of 40 inputs).
+
+    Each input is stopped after ``per_input_s`` of CPU time (ITIMER_VIRTUAL: the test watchdog's SIGALRM is
+    left alone; CPU time, not wall time, so a loaded machine does not fail it) and fails as a crash."""
+    r = {"inputs": 0, "seconds": 0.0, "slowest_s": 0.0, "slowest_input": "", "crashes": 0}
+    if report:
+        r = REPORT.setdefault(name, r)
 
     @CHUNK
     @given(strategy)
     def one(x):
         t = time.monotonic()
+        previous = signal.signal(signal.SIGVTALRM, _expire)
+        signal.setitimer(signal.ITIMER_VIRTUAL, per_input_s)
+        timed_out = False
         try:
             check(x)
+        except InputTimeout:
+            timed_out = True
         except Exception:
             r["crashes"] += 1
             raise
         finally:
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+            signal.signal(signal.SIGVTALRM, previous)
             dt = time.monotonic() - t
             r["inputs"] += 1
-            r["slowest_s"] = max(r["slowest_s"], dt)
-        assert dt <= PER_INPUT_S, f"one input took {dt:.1f} s (bound {PER_INPUT_S} s)"
+            if dt > r["slowest_s"]:
+                r["slowest_s"] = dt
+                shown = repr(x)
+                first = x[0] if isinstance(x, tuple) else x
+                r["slowest_input"] = f"{len(first)} long: " + (shown if len(shown) <= 160 else shown[:157] + "...")
+        if timed_out:
+            r["crashes"] += 1
+            raise AssertionError(f"one input ran past {per_input_s} s of CPU time (stopped)")
+        assert dt <= 3 * per_input_s, f"one input took {dt:.1f} s of wall time (bound {3 * per_input_s} s)"
 
     t0 = time.monotonic()
     try:
-        while time.monotonic() - t0 < BUDGET_S:
+        while time.monotonic() - t0 < budget_s:
             one()
     finally:
         r["seconds"] += time.monotonic() - t0
+
+
+def test_a_hanging_input_is_stopped_and_fails():
+    """The harness itself: a check that never returns is stopped at its CPU bound and fails (not a hang)."""
+    def spin(x):
+        while True:
+            pass
+    t = time.monotonic()
+    with pytest.raises(AssertionError, match="ran past 0.3 s of CPU time"):
+        run_for_budget("spin", spin, st.just(b"x"), per_input_s=0.3, budget_s=1, report=False)
+    assert time.monotonic() - t < 60
 
 
 # --- mutations of a seed -----------------------------------------------------------------------------
