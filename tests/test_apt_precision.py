@@ -24,7 +24,7 @@ from spark_memsaver.act import apt_facts, executor
 from spark_memsaver.act import build as act_build
 from spark_memsaver.config import Config
 from spark_memsaver.decide import apt as apt_plan
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, events
 from spark_memsaver.observe import modules
 from tests.support import sparkroot
 
@@ -141,8 +141,7 @@ def door(root: Path, text: str) -> tuple[list[str], dict]:
     r = subprocess.run(argv, input=text, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-    hist = [json.loads(ln) for ln in (root / "var/lib/spark-memsaver/history.jsonl").read_text().splitlines()
-            if '"apt-pre-install"' in ln] if (root / "var/lib/spark-memsaver/history.jsonl").exists() else []
+    hist = [e for e in events.read(Host(str(root))) if e["op"] == "apt-pre-install"]   # the one lifecycle log
     return lines, (hist[-1] if hist else {})
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from spark_memsaver import world
-from spark_memsaver.host import intents
+from spark_memsaver.host import events, intents
 from spark_memsaver.act import activate as act_activate, executor, steps as act_steps
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver.decide import plan as rc
@@ -420,8 +420,9 @@ def test_records_are_what_observe_and_decide_read(tmp_path):
     assert "580.95.05 to 590.1" in codes["rolled-back"].message
     assert codes["rolled-back"].remedy == "Update spark-memsaver."
     assert intents.clear_rollback(h, sparkroot.SPARK_KERNEL) and not intents.clear_rollback(h, sparkroot.SPARK_KERNEL)
-    hist = intents.read_history(h)
-    assert [e["event"] for e in hist] == ["rolled-back", "rollback-cleared"]
+    hist = events.read(h)               # the one lifecycle log (host/events.py)
+    assert [e["op"] for e in hist] == ["rolled-back", "rollback-cleared"]
+    assert hist[0]["code"] == "driver-unsupported" and hist[1]["kernel"] == sparkroot.SPARK_KERNEL
 
 
 def test_corrupt_record_is_set_aside_not_trusted(tmp_path):

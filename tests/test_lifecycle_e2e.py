@@ -125,9 +125,9 @@ class Box:
         return out
 
     def history(self) -> list[dict]:
-        text = self.c.read_text("/var/lib/spark-memsaver/history.jsonl") if self.c.exists(
-            "/var/lib/spark-memsaver/history.jsonl") else ""
-        return [json.loads(x) for x in text.splitlines() if x.strip()]
+        """The one lifecycle event log (host/events.py), as `spark-memsaver events --json` in the container."""
+        r = self.c.run(["spark-memsaver", "events", "--json"], timeout=120)
+        return json.loads(r.stdout)
 
     def guard_choice(self) -> list[str]:
         """What loading nvidia_uvm would insert now. modprobe's rule must name the guard; the guard itself runs
@@ -191,7 +191,7 @@ def test_e2e_1_apt_install_550_builds_and_selects_override(box, debs):
 
 def test_e2e_2_apt_upgrade_555_prehook_removes_before_unpack_then_rebuilds(box, debs):
     r = box.sh(f"apt-get install -y {deb(debs, '555.58.02')} 2>&1", timeout=1500)
-    pre = [e for e in box.history() if e.get("event") == "apt-pre-install"]
+    pre = [e for e in box.history() if e.get("op") == "apt-pre-install"]
     assert pre, r.stdout[-3000:]
     # when the pre-hook acted, only 550's sources existed: dpkg had not unpacked 555 yet
     assert pre[-1]["sources_seen"] == ["550.163.01"] and pre[-1]["removed"] == [box.k]
@@ -213,7 +213,7 @@ def test_e2e_2_apt_upgrade_555_prehook_removes_before_unpack_then_rebuilds(box, 
 
 def test_e2e_3_apt_upgrade_to_unsupported_rolls_back_with_reason(box, debs):
     r = box.sh(f"apt-get install -y {deb(debs, '555.58.99')} 2>&1", timeout=900)
-    pre = [e for e in box.history() if e.get("event") == "apt-pre-install"][-1]
+    pre = [e for e in box.history() if e.get("op") == "apt-pre-install"][-1]
     assert pre["sources_seen"] == ["555.58.02"] and pre["removed"] == [box.k]
     sel = box.selected()
     assert "spark_memsaver" not in sel and sel["version"] == "555.58.99", r.stdout[-3000:]
@@ -274,7 +274,7 @@ def test_e2e_4_kill9_mid_build_then_restart_recovers(box, debs):
             pytest.fail("no recovery after restart: " + box.c.journal(unit)[-3000:])
     else:
         box.sh("spark-memsaver reconcile --json", timeout=1800)
-    assert any(e.get("event") == "undo-intent" and e.get("kernel") == box.k and e.get("ok") for e in box.history())
+    assert any(e.get("op") == "step" and e.get("action") == "undo-intent" and e.get("kernel") == box.k and e.get("ok") for e in box.history())
     assert box.intents() == []
     sel = box.selected()
     assert sel.get("spark_memsaver") == "uvm-pt-pack/1" and sel["version"].startswith("555.58.02")
@@ -297,7 +297,7 @@ def test_e2e_5_plain_dpkg_unsupported_guard_covers_window_then_trigger_rolls_bac
     assert "spark_memsaver" not in sel and sel["version"] == "555.58.99"
     doc = box.status()
     assert doc["state"] == "rolled-back"
-    assert any(e.get("source") == "dpkg-trigger" for e in box.history() if e.get("event") == "hook")
+    assert any(e.get("source") == "dpkg-trigger" for e in box.history() if e.get("op") == "hook")
     box.daemon("start")
 
 

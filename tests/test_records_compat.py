@@ -20,7 +20,7 @@ import pytest
 
 from spark_memsaver.act import executor
 from spark_memsaver.config import Config
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, events
 from tests.support import sparkroot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,3 +100,59 @@ def test_executor_recovers_the_old_intent(old_root, tmp_path):
     assert [(d["action"], d["ok"]) for d in done if d.get("intent") == f"remove-{K}"] == [("finish-intent", True)]
     assert not (root / S / f"intents/remove-{K}.json").exists()
     assert not list((root / S).rglob("*.bad-*"))
+
+
+# The last main with two lifecycle logs: its intents.append_history wrote history.jsonl beside events.jsonl, from
+# these call sites (act/steps: a step that acted; act/executor: the APT door; cli/lifecycle: a hook's run).
+TWO_LOGS = "91e9702"
+HISTORY_WRITER = textwrap.dedent("""
+    import sys
+    from spark_memsaver.host import Host, intents
+    root, K = sys.argv[1], sys.argv[2]
+    h = Host(root)
+    intents.append_history(h, {"event": "remove-override", "time": intents.now(), "kernel": K,
+                                "reason": "the NVIDIA driver is changing", "ok": True})
+    intents.append_history(h, {"event": "apt-pre-install", "time": intents.now(),
+                                "packages": ["nvidia-dkms-580-open 580.142-0ubuntu1 -> 590.44.01-0ubuntu1"],
+                                "sources_seen": ["580.142"], "removed": [K], "kept": []})
+    intents.append_history(h, {"event": "hook", "source": "dpkg-trigger", "time": intents.now(), "acting": 1,
+                                "ok": True})
+""")
+
+
+def test_the_older_lifecycle_history_is_read_and_folded_into_the_one_log(old_root, tmp_path):
+    """history.jsonl as 0.1.0 (its write_rollback) and the last two-log main (its append_history) wrote it: status
+    readers show it with the one log (events), nothing skipped, without changing the root; the next operation
+    folds it into events.jsonl and removes it, its lines in order, the new ones after them."""
+    root = tmp_path / "root"
+    subprocess.run(["cp", "-a", str(old_root), str(root)], check=True)
+    old = tmp_path / "two-logs"
+    old.mkdir()
+    arch = subprocess.run(["git", "-C", str(REPO), "archive", TWO_LOGS, "daemon"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(old)], input=arch.stdout, check=True)
+    env = dict(os.environ, PYTHONPATH=str(old / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["/usr/bin/python3", "-c", HISTORY_WRITER, str(root), K], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    hist = root / S / "history.jsonl"
+    assert len(hist.read_text().splitlines()) == 4 and not (root / S / "events.jsonl").exists()
+    e = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    e.pop("SPARK_MEMSAVER_CONFIG", None)
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), "events", "--json"],
+                       capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0 and "unreadable" not in r.stderr, r.stderr
+    rows = json.loads(r.stdout)
+    want = [("rolled-back", None), ("step", "remove-override"), ("apt-pre-install", None), ("hook", None)]
+    assert [(x["op"], x.get("action")) for x in rows] == want, rows
+    assert (rows[0]["kernel"], rows[0]["code"], rows[0]["from_driver"]) == (K, "driver-changing", "580.142")
+    assert rows[2]["removed"] == [K] and rows[3]["source"] == "dpkg-trigger"
+    assert hist.exists() and not (root / S / "events.jsonl").exists()        # an inspection wrote nothing
+    done = executor.recover(Host(root), Config(), None, [])
+    assert [d["action"] for d in done if d.get("intent") == f"remove-{K}"] == ["finish-intent"]
+    assert not hist.exists()
+    lines = (root / S / "events.jsonl").read_text().splitlines()
+    assert [json.loads(x)["op"] for x in lines][:4] == [w[0] for w in want] and len(lines) >= 5
+    assert all("event" not in json.loads(x) for x in lines)
+    after = events.read(Host(root))
+    assert after[:4] == rows and ("step", "finish-intent") in [(x["op"], x.get("action")) for x in after[4:]]

@@ -390,9 +390,8 @@ def test_4_driver_upgrade_on_k1_rollback_fetch_rebuild_k2_untouched(node):
     TIMES[node.suite]["driver upgrade K1: rollback+fetch+rebuild"] = round(time.monotonic() - t, 1)
     assert sel.get("signer")
     # the override built for 550.163.01 went before 550.163.02's files were unpacked (a rollback record says so)
-    events = [json.loads(x) for x in node.c.read_text("/var/lib/spark-memsaver/history.jsonl").splitlines()
-              if x.strip()] if node.c.exists("/var/lib/spark-memsaver/history.jsonl") else []
-    pre = [e for e in events if e.get("event") == "apt-pre-install"]
+    events = json.loads(node.c.run(["spark-memsaver", "events", "--json"], timeout=120).stdout)
+    pre = [e for e in events if e.get("op") == "apt-pre-install"]
     assert pre and pre[-1].get("removed") == [k1], pre[-1:] or events[-5:]
     assert node.file_id(node.selected(k2)["filename"]) == k2_before, "K2's override was touched"
     # both drivers are installed (K2 still has 550.163.01): the cache keeps both trees

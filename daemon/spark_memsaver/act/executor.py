@@ -32,7 +32,7 @@ from spark_memsaver.act import steps as st
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.errors import LockTimeout, UsageError
-from spark_memsaver.host import Host, holds, intents, locks
+from spark_memsaver.host import Host, holds, locks
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver import world
 
@@ -185,21 +185,20 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, sn
     verdict = apt_plan.assess(snap, chg)
     steps = verdict["steps"]
     results = st.execute(host, config, steps, snap, progress, problems)
-    # what the system looked like when we acted: proves the removal came before dpkg unpacked
-    intents.append_history(host, {"event": "apt-pre-install", "time": intents.now(),
-                                  "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}" for c in chg],
-                                  "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
-                                  "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")],
-                                  "kept": [n["kernel"] for n in verdict["notes"] if n["kind"] == "kept"]})
     for s, r in zip(steps, results):
         if r.get("ok"):
             # say why in status even if the post step never runs (e.g. the upgrade is aborted)
             rio.write_rollback(host, s.kernel, s.reason, problems, code=s.code or "driver-changing",
                                remedy="spark-memsaver rebuilds for the new driver after the upgrade when it is "
                                "supported.", driver_from=s.driver_from, driver_to=s.driver_to)
+    # what the system looked like when we acted (the door's event carries it: the removal came before dpkg unpacked)
     return {"ok": all(r.get("ok") for r in results), "changes": [{k: v for k, v in c.items() if k != "facts"}
                                                                   for c in chg],
-            "steps": results, "notes": verdict["notes"]}
+            "steps": results, "notes": verdict["notes"],
+            "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}" for c in chg],
+            "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
+            "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")],
+            "kept": [n["kernel"] for n in verdict["notes"] if n["kind"] == "kept"]}
 
 
 def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
@@ -216,8 +215,8 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
         if not args.get("dry_run"):      # a refused plan changed nothing either
             events.record(host, op, args, error=e)
         raise
-    if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or op not in ("reconcile",
-                                                                                              "apt-pre-install")):
+    if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or "packages" in doc or op not in (
+            "reconcile", "apt-pre-install")):          # the APT door: whenever NVIDIA packages change
         events.record(host, op, args, result=doc)
     return doc
 

@@ -15,7 +15,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide import policy
 from spark_memsaver.errors import EXIT_FAILED, MemsaverError
-from spark_memsaver.host import Host, intents
+from spark_memsaver.host import Host, events, intents
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver.host import paths
 
@@ -284,6 +284,5 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None 
             entry["error"] = rio.record_problem(problems, f"a record ({s.action} {s.kernel or ''})", e)
         done.append(entry)
         if s.action in rc.ACTING:
-            intents.append_history(host, {"event": s.action, "time": intents.now(), "kernel": s.kernel,
-                                          "reason": s.reason, "ok": entry.get("ok")})
+            events.note(host, "step", action=s.action, kernel=s.kernel, reason=s.reason, ok=entry.get("ok"))
     return done

@@ -16,9 +16,11 @@ def register(cli) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
     @click.pass_obj
     def events(obj, since, as_json: bool):
-        """Show lifecycle events: builds, installs, removals, rollbacks, enrollments, reconciles.
+        """Show lifecycle events: builds, installs, removals, rollbacks, enrollments, reconciles, and the steps,
+        hook runs and rollback records inside them.
 
-        Read from /var/lib/spark-memsaver/events.jsonl (append-only, bounded); no daemon needed.
+        Read from /var/lib/spark-memsaver/events.jsonl (append-only, bounded; an older install's history.jsonl
+        is read with it until it is folded in); no daemon needed.
         """
         from spark_memsaver.host import events as ev
 
@@ -34,8 +36,19 @@ def register(cli) -> None:
             return 0
         click.echo(f"{'TIME (UTC)':<20}  {'OPERATION':<15} {'RESULT':<7} {'KERNEL':<28} DETAIL")
         for e in rows:      # host/events.py read only well-formed events: time and op are strings
-            detail = str((e.get("error") or {}).get("message") or ", ".join(
-                f"{s.get('action')}" + (f" {s['kernel']}" if s.get("kernel") else "") for s in e.get("steps") or []))
+            result = "-" if "ok" not in e else "ok" if e["ok"] else "failed"   # a rollback record has no result
             click.echo(f"{e['time'].replace('T', ' ').rstrip('Z'):<20}  {e['op']:<15} "
-                       f"{'ok' if e.get('ok') else 'failed':<7} {str(e.get('kernel') or '-'):<28} {detail}".rstrip())
+                       f"{result:<7} {str(e.get('kernel') or '-'):<28} {_detail(e)}".rstrip())
         return 0
+
+
+def _detail(e: dict) -> str:
+    """An operation's error or steps; a step's action and why; a hook's source; a rollback record's reason."""
+    if e.get("error"):
+        return str(e["error"].get("message") or e["error"].get("code") or "")
+    if e.get("steps"):
+        return ", ".join(f"{s.get('action')}" + (f" {s['kernel']}" if s.get("kernel") else "") for s in e["steps"])
+    parts = [str(e[k]) for k in ("action", "source", "reason") if e.get(k) not in (None, "")]
+    if e.get("removed"):
+        parts.append("removed " + " ".join(e["removed"]))
+    return ": ".join(parts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.errors import EXIT_FAILED
 from spark_memsaver.errors import MemsaverError
-from spark_memsaver.host import intents
+from spark_memsaver.host import events
 import json
 import os
 import re
@@ -132,8 +132,7 @@ def register(root) -> None:
             except MemsaverError as e:
                 doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver ({hook}): {e.message}", err=True)
-            intents.append_history(obj.host, {"event": "hook", "source": hook, "time": intents.now(),
-                                              "acting": doc.get("acting"), "ok": doc.get("ok")})
+            events.note(obj.host, "hook", source=hook, acting=doc.get("acting"), ok=doc.get("ok"))
             shown = [x for x in doc["steps"] if x["action"] in rc.ACTING or x["action"] == "stay-stock"]
             _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + step_lines(shown)) if shown else [])
             return 0

@@ -1,19 +1,28 @@
-"""The lifecycle event log: one JSON object a line in STATE_DIR/events.jsonl, append-only and bounded.
+"""The one lifecycle event log: one JSON object a line in STATE_DIR/events.jsonl, append-only and bounded.
 
-Written through :func:`record` only (act/executor.py calls it once per finished operation; MOK enrollment
-requests should call it too). A line is written with one ``write()`` on an O_APPEND descriptor, so a reader
-sees whole lines; a line torn by a crash is skipped when read. When the file passes :data:`MAX_BYTES` it is
-rewritten atomically (fsutil.atomic_write) keeping its newest half. Recording never fails the operation: an
-unwritable log is logged and reported as False.
+Every lifecycle line goes through :func:`_append`, the one writer: an operation's event (:func:`record`:
+act/executor.py calls it once per finished operation), and what happens inside one or around it
+(:func:`note`: a plan step that acted, a hook run, a rollback record written or cleared). A line is written
+with one ``write()`` on an O_APPEND descriptor and fsynced, under an advisory lock on the log that only the
+rotation needs (a writer that finds the log renamed under it reopens it), so lines written by two processes at
+once -- the lifecycle lock's holder and a hook outside it -- are both kept, and a reader sees whole lines; a line
+torn by a crash is skipped when read. When the file passes :data:`MAX_BYTES` it is rewritten atomically
+(fsutil.atomic_write) keeping its newest half. Recording never fails the operation: an unwritable log is
+logged and reported as False.
 
-Read back, a line is used only when it is an event as :func:`event_of` writes it (a JSON object, ``time`` a UTC
-time between the epoch and 2100, ``op`` a string, ``error`` an object, ``steps`` a list of objects, strings or
-numbers elsewhere); anything else is skipped and counted (:func:`read_counted`), never shown half-read.
+Older installs kept the lines of :func:`note` in a second file, STATE_DIR/history.jsonl (``"event"`` instead of
+``"op"``; a step's action as its event). Until a writer folds it into the log (in time order, then removes it:
+:func:`_migrate`), readers read it as the log's older segment, so nothing an older version recorded is lost,
+also on an image that is only inspected (``--root``; readers never write).
+
+Read back, a line is used only when it is an event as this module writes it (a JSON object, ``time`` a UTC
+time between the epoch and 2100, ``op`` a string, ``error`` an object, ``steps`` a list of objects, the
+:data:`LISTS` fields lists of strings, strings or numbers elsewhere); anything else is skipped and counted
+(:func:`read_counted`), never shown half-read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -25,10 +34,16 @@ from spark_memsaver.host.fsutil import atomic_write, loads_strict
 log = logging.getLogger(__name__)
 
 EVENTS = paths.EVENTS
+LEGACY = paths.LEGACY_HISTORY   # an older install's second log, read and folded in (above)
 MAX_BYTES = 1 << 20          # ~5000 events; the newest half is kept when it is passed
 KINDS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install", "enroll",
          "enroll-delete")
+# what :func:`note` records: a plan step that acted (``action``), a dpkg/kernel/APT hook's run (``source``), a
+# rollback record written (its fields) or cleared
+NOTES = ("step", "hook", "rolled-back", "rollback-cleared")
+LISTS = ("packages", "sources_seen", "removed", "kept")    # the APT door's lists of names
 _ARGS = ("kernel", "driver_version", "driver", "all_kernels", "force", "reason", "code")
+LOCK_WAIT = 5.0              # seconds a writer waits for a rotation; then it appends without the lock
 
 
 def _now() -> str:
@@ -38,6 +53,12 @@ def _now() -> str:
 def _short(v, n=500):
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s if len(s) <= n else s[:n] + "..."
+
+
+def _field(k, v):
+    if k in LISTS and isinstance(v, (list, tuple)):
+        return [_short(x, 200) for x in v][:200]
+    return v if isinstance(v, (int, float, bool)) or v is None else _short(v)
 
 
 def event_of(op: str, args: dict | None = None, result: dict | None = None, error: BaseException | None = None) \
@@ -64,6 +85,9 @@ def event_of(op: str, args: dict | None = None, result: dict | None = None, erro
     for k in ("kernel", "driver_version", "srcversion", "path"):
         if isinstance(result.get(k), (str, int)) and k not in ev:
             ev[k] = result[k]
+    for k in LISTS:
+        if isinstance(result.get(k), (list, tuple)):
+            ev[k] = _field(k, result[k])
     return ev
 
 
@@ -72,21 +96,68 @@ def record(host, op: str, args: dict | None = None, result: dict | None = None,
     """Append the event of one finished operation. Never raises for I/O; returns whether it was written."""
     if op not in KINDS:
         raise ValueError(f"unknown event kind {op!r}")
-    line = (json.dumps(event_of(op, args, result, error), sort_keys=True, default=str) + "\n").encode()
-    p = str(host.path(EVENTS, follow=False))   # the log itself is never followed: O_NOFOLLOW below
+    return _append(host, event_of(op, args, result, error))
+
+
+def note(host, kind: str, **fields) -> bool:
+    """Append one line of what happened inside or around an operation (:data:`NOTES`). Never raises for I/O."""
+    if kind not in NOTES:
+        raise ValueError(f"unknown event kind {kind!r}")
+    ev = {"time": _now(), "op": kind}
+    ev.update({k: _field(k, v) for k, v in fields.items() if v is not None and not k.startswith("_")
+               and k not in ("op", "time", "event")})
+    return _append(host, ev)
+
+
+def _open_locked(p: str) -> int:
+    """An O_APPEND descriptor of the log, flocked when the lock comes within LOCK_WAIT; reopened when a rotation
+    renamed a new file over the one it opened."""
+    import fcntl
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return fd           # a stuck holder never stops recording: append unlocked
+                time.sleep(0.01)
+        try:
+            same = os.stat(p, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _append(host, ev: dict) -> bool:
+    line = (json.dumps(ev, sort_keys=True, default=str) + "\n").encode()
+    p = host.fspath(EVENTS, follow=False)   # the log itself is never followed: O_NOFOLLOW above
     try:
         os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
-        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = _open_locked(p)
+        legacy = host.fspath(LEGACY, follow=False)
+        if os.path.lexists(legacy):
+            try:
+                _migrate(p, legacy)       # a new file is renamed over the log: append to that one
+            except OSError as e:          # the line is still written; the older file is still read
+                log.warning("cannot fold %s into %s: %s", legacy, p, e.strerror or e)
+            else:
+                os.close(fd)
+                fd = _open_locked(p)
         try:
             os.write(fd, line)
-            size = os.fstat(fd).st_size
+            os.fsync(fd)
+            if os.fstat(fd).st_size > MAX_BYTES:
+                _trim(p)
         finally:
-            os.close(fd)
-        if size > MAX_BYTES:
-            _trim(p)
+            os.close(fd)          # the lock goes with it, after a rotation's rename
         return True
     except OSError as e:
-        log.warning("cannot record the %s event in %s: %s", op, p, e.strerror or e)
+        log.warning("cannot record the %s event in %s: %s", ev.get("op"), p, e.strerror or e)
         return False
 
 
@@ -98,30 +169,99 @@ def _trim(p: str) -> None:
     atomic_write(p, keep[nl + 1:] if nl >= 0 else b"", 0o644)
 
 
+def _migrate(p: str, legacy: str) -> None:
+    """Fold an older install's history.jsonl into the log, in time order, then remove it (the caller holds the
+    log's lock). A line that cannot be read is kept as it was (readers skip and count it, as before)."""
+    fd = os.open(legacy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)   # a link is never copied into the log
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - MAX_BYTES))           # an older install kept 500 lines; more is not ours
+        old = [_converted(raw) for raw in f.read().splitlines()[1 if size > MAX_BYTES else 0:] if raw.strip()]
+    with open(p, "rb") as f:
+        cur = [raw for raw in f.read().splitlines() if raw.strip()]
+    lines = sorted(old + cur, key=_line_time)      # stable: the older file's line first at the same second
+    atomic_write(p, b"".join(ln + b"\n" for ln in lines), 0o644)
+    os.unlink(legacy)
+
+
+def _converted(raw: bytes) -> bytes:
+    """An older history.jsonl line as a line of the log: ``event`` becomes ``op``; a step's action is kept."""
+    try:
+        ev = loads_strict(raw.decode())
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return raw
+    ev = _legacy_event(ev)
+    return raw if ev is None else json.dumps(ev, sort_keys=True).encode()
+
+
+def _legacy_event(ev):
+    if not isinstance(ev, dict) or not isinstance(ev.get("event"), str) or "op" in ev:
+        return None
+    ev = dict(ev)
+    name = ev.pop("event")
+    if name in NOTES or name in KINDS:
+        ev["op"] = name
+    else:
+        ev["op"], ev["action"] = "step", name
+    return ev
+
+
+def _line_time(raw: bytes) -> float:
+    try:
+        t = _epoch(loads_strict(raw.decode()).get("time"))
+    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        t = None
+    return -1.0 if t is None else t
+
+
 def read(host, since: float | None = None) -> list[dict]:
     """Every whole, parsable event, oldest first (``since``: epoch seconds)."""
     return read_counted(host, since)[0]
 
 
 def read_counted(host, since: float | None = None) -> tuple[list[dict], int]:
-    """``read``, and how many lines were skipped as unreadable (not an event; a torn last line is not counted)."""
+    """``read``, and how many lines were skipped as unreadable (not an event; a torn last line is not counted).
+    An older install's history.jsonl still there is read first, as the log's older segment."""
     out, skipped = [], 0
-    with contextlib.suppress(FileNotFoundError):
-        with open(host.path(EVENTS), "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break  # a line torn by a crash
-                if not raw.strip():
-                    continue
-                try:
-                    ev = loads_strict(raw.decode())
-                except (ValueError, UnicodeDecodeError, RecursionError):
-                    ev = None
-                t = _epoch(ev.get("time")) if _well_formed(ev) else None
-                if t is None:
-                    skipped += 1
-                elif since is None or t >= since:
-                    out.append(ev)
+    older = _read_file(host, LEGACY, since, legacy=True)
+    if older[0] or older[1]:
+        out, skipped = older
+    rows, bad = _read_file(host, EVENTS, since)
+    if out:
+        out = sorted(out + rows, key=lambda e: _epoch(e["time"]))    # stable: older first at the same second
+    else:
+        out = rows
+    return out, skipped + bad
+
+
+def _read_file(host, rel: str, since: float | None, legacy: bool = False) -> tuple[list[dict], int]:
+    out, skipped = [], 0
+    try:   # the older file is never followed (a link there is not ours: neither shown nor folded in)
+        f = open(host.fspath(rel), "rb") if not legacy else os.fdopen(
+            os.open(host.fspath(rel, follow=False), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    except FileNotFoundError:
+        return out, skipped
+    except OSError:
+        if not legacy:
+            raise
+        return out, skipped
+    with f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # a line torn by a crash
+            if not raw.strip():
+                continue
+            try:
+                ev = loads_strict(raw.decode())
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                ev = None
+            if legacy:
+                ev = _legacy_event(ev)
+            t = _epoch(ev.get("time")) if _well_formed(ev) else None
+            if t is None:
+                skipped += 1
+            elif since is None or t >= since:
+                out.append(ev)
     return out, skipped
 
 
@@ -132,8 +272,10 @@ def _well_formed(ev) -> bool:
         return False
     if "steps" in ev and not (isinstance(ev["steps"], list) and all(isinstance(s, dict) for s in ev["steps"])):
         return False
+    if any(k in ev and not (isinstance(ev[k], list) and all(isinstance(x, str) for x in ev[k])) for k in LISTS):
+        return False
     return all(isinstance(v, (str, int, float, bool)) or v is None
-               for k, v in ev.items() if k not in ("error", "steps"))
+               for k, v in ev.items() if k not in ("error", "steps") + LISTS)
 
 
 def _epoch(t) -> float | None:

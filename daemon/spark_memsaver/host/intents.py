@@ -32,7 +32,6 @@ from spark_memsaver.host import paths
 STATE_DIR = paths.STATE_DIR   # host/paths.py is the one list
 INTENTS = paths.INTENTS   # host/paths.py is the one list
 ROLLBACKS = paths.ROLLBACKS   # host/paths.py is the one list
-HISTORY = paths.HISTORY   # host/paths.py is the one list
 SCHEMA = 1
 OPS = ("register", "build", "install", "remove", "rollback", "activate")
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
@@ -122,38 +121,18 @@ def write_rollback(host: Host, kernel: str, reason: str, remedy: str = "", code:
     rec = {"schema": SCHEMA, "kernel": kernel, "time": now(), "reason": reason, "remedy": remedy, "code": code}
     rec.update({k: v for k, v in details.items() if v is not None})
     atomic_write(host.path(f"{ROLLBACKS}/{_name(kernel)}.json"), json.dumps(rec, indent=1, sort_keys=True) + "\n")
-    append_history(host, {"event": "rolled-back", **rec})
+    from spark_memsaver.host import events
+    events.note(host, "rolled-back", **rec)
     return rec
 
 
 def clear_rollback(host: Host, kernel: str) -> bool:
     if _unlink(host.path(f"{ROLLBACKS}/{_name(kernel)}.json")):
-        append_history(host, {"event": "rollback-cleared", "kernel": kernel, "time": now()})
+        from spark_memsaver.host import events
+        events.note(host, "rollback-cleared", kernel=kernel)
         return True
     return False
 
 
 def list_rollbacks(host: Host) -> tuple[list[dict], list[str]]:
     return _load_dir(host, "rollback")
-
-
-def append_history(host: Host, event: dict, keep: int = 500) -> None:
-    """A bounded, append-only event log (what reconcile/rollback did), for `status` and humans."""
-    p = host.path(HISTORY)
-    try:
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        lines = []
-        with contextlib.suppress(FileNotFoundError):
-            lines = p.read_text(errors="replace").splitlines()[-(keep - 1):]
-        lines.append(json.dumps({k: v for k, v in event.items() if not k.startswith("_")}, sort_keys=True))
-        atomic_write(p, "\n".join(lines) + "\n")
-    except OSError:
-        pass
-
-
-def read_history(host: Host, last: int = 20) -> list[dict]:
-    out = []
-    for line in (host.read_text(HISTORY) or "").splitlines()[-last:]:
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
