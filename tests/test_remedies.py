@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -223,3 +224,41 @@ def test_every_known_hazards_remedy_names_a_runnable_command():
         assert cmds, (h.code, text)
         problems = [p for c in cmds for p in check_command(c)] + rm.unquoted_root_mentions(text)
         assert problems == [], (h.code, problems)
+
+
+# Instructions written into the code itself ("run 'X'", "recovered by 'X'"), also those that are no named
+# error's class remedy and no finding (a refusal's remedy built on the spot, a message, the guard's log line).
+_INSTRUCTION = re.compile(r"\b(?:[Rr]un|[Rr]ecovered by|[Tt]ry|[Uu]se)\s+'((?:sudo\s+)?[a-z][^']*)'")
+
+
+def instructions_without_their_sudo(text: str) -> list[str]:
+    out = []
+    for m in _INSTRUCTION.finditer(text):
+        if text[:m.start()].endswith("Also "):    # an option's help: what the program itself runs
+            continue
+        command = re.sub(r"\{[^}]*\}", "X", m.group(1))           # an f-string's field reads as a word
+        if not rm._COMMAND_START.match(command):
+            continue
+        sudo, argv = split(command)
+        if sudo != rm.needs_root(" ".join(argv)):
+            out.append(f"line {text[:m.start()].count(chr(10)) + 1}: {m.group(0)!r}")
+    return out
+
+
+def test_the_instruction_scan_finds_what_it_should():
+    assert instructions_without_their_sudo("or run 'spark-memsaver activate' again") != []
+    assert instructions_without_their_sudo("recovered by 'spark-memsaver reconcile'.") != []
+    assert instructions_without_their_sudo("Run 'update-initramfs -u -k {kernel}' by hand") != []
+    assert instructions_without_their_sudo("Run 'sudo spark-memsaver reconcile' and 'spark-memsaver status'") == []
+    assert instructions_without_their_sudo("Run 'sudo depmod -a {kernel}' by hand") == []
+    assert instructions_without_their_sudo("help=\"Also run 'mokutil --timeout -1': MokManager waits\"") == []
+
+
+def test_every_instruction_in_the_code_carries_its_sudo():
+    """Every "run 'COMMAND'" the program's own text gives -- its Python package, the guard and hooks -- carries
+    sudo exactly when the command needs root (a message and a refusal built on the spot are not walked above:
+    activate's 'in use' message, the daemon-stopped remedy and update-initramfs's said none)."""
+    files = sorted((REPO / "daemon/spark_memsaver").rglob("*.py")) + \
+        sorted(p for p in (REPO / "systemd").rglob("*") if p.is_file())
+    problems = [f"{p.relative_to(REPO)} {x}" for p in files for x in instructions_without_their_sudo(p.read_text())]
+    assert len(files) > 100 and problems == []

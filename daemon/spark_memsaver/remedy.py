@@ -22,7 +22,7 @@ ROOT_COMMANDS = ("install", "build", "remove", "rollback", "activate", "reconcil
                  "validate")
 # system programs a remedy names; those that change the system need root (the value)
 PROGRAMS = {"apt-get": None, "apt": None, "systemctl": None, "mount": True, "mokutil": None, "dkms": None,
-            "update-secureboot-policy": True, "modprobe": True, "update-initramfs": True, "journalctl": False,
+            "update-secureboot-policy": True, "modprobe": True, "depmod": True, "update-initramfs": True, "journalctl": False,
             "reboot": True}
 _READ_ONLY = {"apt-get": ("download", "source", "check", "changelog"), "apt": ("show", "list", "search", "policy"),
               "systemctl": ("status", "is-active", "is-enabled", "show", "cat"),

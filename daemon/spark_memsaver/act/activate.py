@@ -102,7 +102,7 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
         names = ", ".join(f"{h['comm']}[{h['pid']}]" for h in holders)
         return {"activated": False, "at_next_boot": True, "holders": holders,
                 "message": f"{uvm_device} is in use by {names}; our module is selected and will be loaded at "
-                           "next boot (or run 'spark-memsaver activate' again after those processes exit)."}
+                           "next boot (or run 'sudo spark-memsaver activate' again after those processes exit)."}
     cmds = []
     if uvm.get("loaded"):
         cmds.append(["modprobe", "-r", "nvidia_uvm"])

@@ -113,7 +113,7 @@ class VerificationFailed(DkmsError):
 class StockNotRestored(DkmsError):
     code = "stock-not-restored"
     remedy = ("Reinstall the NVIDIA driver's kernel-module package for this kernel (it restores the stock "
-              "nvidia-uvm), then run 'depmod -a <kernel>'.")
+              "nvidia-uvm), then run 'sudo depmod -a <kernel>'.")
 
 
 class NothingToDo(DkmsError):

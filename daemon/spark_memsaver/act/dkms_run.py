@@ -233,7 +233,7 @@ def _depmod(host: Host, kernel: str) -> None:
     r = host.run(argv + [kernel], timeout=600)
     if not r.ok:
         raise DkmsError(f"depmod -a {kernel} failed: {r.stderr.strip()[-500:]}",
-                        remedy="Check /lib/modules/<kernel> and run depmod by hand.")
+                        remedy=f"Check /lib/modules/{kernel} and run 'sudo depmod -a {kernel}' by hand.")
 
 
 def refresh_initramfs(host: Host, kernel: str) -> str:
@@ -245,7 +245,7 @@ def refresh_initramfs(host: Host, kernel: str) -> str:
     r = host.run(["update-initramfs", "-u", "-k", kernel], timeout=900)
     if not r.ok:
         raise DkmsError(f"update-initramfs -u -k {kernel} failed: {r.stderr.strip()[-500:]}",
-                        remedy=f"Run 'update-initramfs -u -k {kernel}' by hand and read its output.")
+                        remedy=f"Run 'sudo update-initramfs -u -k {kernel}' by hand and read its output.")
     return "refreshed"
 
 

@@ -267,7 +267,7 @@ def call_job(method: str, *args, progress=None, timeout: float | None = None, **
     if state["finished"] is None:
         raise DaemonError(f"spark-memsaverd stopped while job {job_id} ({method}) ran",
                           remedy="See 'journalctl -u spark-memsaverd.service'; an interrupted operation is "
-                                 "recovered by 'spark-memsaver reconcile'.")
+                                 "recovered by 'sudo spark-memsaver reconcile'.")
     jid, operation, success, error_name, message, payload = state["finished"]
     try:
         data = json.loads(payload) if payload else None
