@@ -262,3 +262,23 @@ def test_every_instruction_in_the_code_carries_its_sudo():
         sorted(p for p in (REPO / "systemd").rglob("*") if p.is_file())
     problems = [f"{p.relative_to(REPO)} {x}" for p in files for x in instructions_without_their_sudo(p.read_text())]
     assert len(files) > 100 and problems == []
+
+
+def test_a_kernel_without_64k_pages_is_never_told_to_set_kernels_all(tmp_path):
+    """With 4 or 16 KiB pages a page table's backing page is small already: 'kernels: all' saves nothing there.
+    The installability decision said so; the build's own preflight (act/build.py, the DKMS engines' path) and
+    DKMS's BUILD_EXCLUSIVE skip still sent the reader to 'kernels: all'."""
+    from spark_memsaver.act import build as act_build
+    from spark_memsaver.act.dkms_errors import KernelOutsidePolicy
+    from spark_memsaver.decide import policy
+    from spark_memsaver.host import Host
+    advice = [e.__name__ for e in _all_errors() if "kernels: all" in (e.remedy or "")]
+    assert advice == []
+    k4 = "6.14.0-1015-nvidia"
+    root = sparkroot.make_spark_root(tmp_path / "r", extra_kernels=(k4,))
+    sparkroot.write(root, f"/boot/config-{k4}", "CONFIG_ARM64=y\nCONFIG_ARM64_4K_PAGES=y\nCONFIG_MODVERSIONS=y\n")
+    with pytest.raises(KernelOutsidePolicy) as e:
+        act_build._preflight(Host(root), Config(), k4, None)
+    v = policy.verdict(policy.kernel_of(k4, {"CONFIG_ARM64": "y", "CONFIG_ARM64_4K_PAGES": "y"}), Config())
+    assert e.value.remedy == inst.policy_remedy(Config(), v) and "kernels: all" not in e.value.remedy
+    assert "without 64 KiB pages" in e.value.message

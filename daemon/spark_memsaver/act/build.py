@@ -27,7 +27,8 @@ def _preflight(host: Host, config, kernel: str, driver_version: str | None) -> d
                              remedy=f"sudo apt-get install linux-headers-{kernel}", kernel=kernel)
     pv = policy.verdict(policy.kernel_of(kernel, kernel_config(host, kernel)), config)   # the one policy
     if not pv.ok:
-        raise KernelOutsidePolicy(pv.why, kernel=kernel)         # the why names the kernel
+        from spark_memsaver.decide.installability import policy_remedy
+        raise KernelOutsidePolicy(pv.why, remedy=policy_remedy(config, pv), kernel=kernel)   # the why names the kernel
     nv = selected(host, kernel, "nvidia", digest=False)
     if nv is None or not nv.get("version"):
         raise NoNvidiaDriver(f"no nvidia.ko is installed for kernel {kernel}", kernel=kernel)

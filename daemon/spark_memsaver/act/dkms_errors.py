@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 
+from spark_memsaver.decide.installability import SMALL_PAGES_REMEDY
 from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, MemsaverError
 from spark_memsaver.observe.dkms import FORCE_FILE
 
@@ -29,8 +30,7 @@ class HeadersMissing(DkmsError):
 class KernelOutsidePolicy(DkmsError):
     code = "kernel-outside-policy"
     exit_code = EXIT_PROBLEM
-    remedy = ("Packing saves memory on 64 KiB-page arm64 kernels; set 'kernels: all' in "
-              "/etc/spark-memsaver/config.yaml to build for other kernels too.")
+    remedy = SMALL_PAGES_REMEDY     # not 'kernels: all': with 4 or 16 KiB pages packing saves nothing
 
 
 class NoNvidiaDriver(DkmsError):

@@ -114,15 +114,18 @@ def _known_driver(snap: dict) -> str | None:
     return srcs[0].get("version") if srcs else None
 
 
+# with 4 or 16 KiB pages a page table's backing page is small already: 'kernels: all' would save nothing there
+SMALL_PAGES_REMEDY = ("Nothing to do: packing saves memory only on arm64 kernels with 64 KiB pages; this kernel stays "
+                      "on the stock nvidia-uvm.")
+
+
 def policy_remedy(config, verdict) -> str:
     """The remedy of a policy refusal (decide/policy.verdict), by the rule that refused."""
     if verdict.rule == "preempt-rt":
         return ("Nothing is broken: the stock nvidia-uvm stays in use on this kernel. NVIDIA's modules do not "
                 "build for PREEMPT_RT; boot a kernel without PREEMPT_RT to use packing.")
     if getattr(config, "kernels", "64k-only") == "64k-only":
-        # with 4 or 16 KiB pages a page table's backing page is small already: 'kernels: all' would save nothing
-        return ("Nothing to do: packing saves memory only on arm64 kernels with 64 KiB pages; this kernel stays on "
-                "the stock nvidia-uvm.")
+        return SMALL_PAGES_REMEDY
     return "Nothing to do: this kernel stays stock."
 
 
