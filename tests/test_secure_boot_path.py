@@ -122,7 +122,7 @@ def test_activate_refused_while_pending_says_confirm_at_the_console(tmp_path, ke
     root = node(tmp_path / "r", keys["ours"], pending(keys))
     with pytest.raises(act_activate.ActivationRefused) as e:
         executor.perform("activate", Host(root), CFG)
-    assert "pending enroll" in e.value.message
+    assert "the signing key's enrollment waits for the console at the next boot" in e.value.message
     assert e.value.remedy.startswith("Reboot with a person at the console and confirm the key in MokManager")
 
 
@@ -285,3 +285,14 @@ def test_console_timeout_is_checked_before_anything(tmp_path, keys, args):
     doc = json.loads(r.stdout)
     assert r.returncode == 2 and doc["error"]["code"] == "mok-bad-timeout", r.stdout
     assert "--wait-at-console" in doc["error"]["remedy"] and "--console-timeout" in doc["error"]["remedy"]
+
+
+@pytest.mark.parametrize("state", [s for s in ("no-key", "not-enrolled", "pending-enroll", "pending-delete", "blocked")])
+def test_activate_refusal_says_the_state_as_status_does(state):
+    """activate's refusal words the key's state as status's finding does (decide/installability.key_phrase),
+    not 'our signing key is no key' / 'is pending enroll' (issue 27)."""
+    from spark_memsaver.decide.installability import key_phrase
+    with pytest.raises(act_activate.ActivationRefused) as e:
+        act_activate.secure_boot_allows({"state": state})
+    assert e.value.message.startswith(f"Secure Boot is enforcing and {key_phrase(state)}: "), e.value.message
+    assert not re.search(r"is (no key|pending enroll|pending delete)\b", e.value.message), e.value.message

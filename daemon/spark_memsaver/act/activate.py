@@ -60,7 +60,8 @@ def secure_boot_allows(sb: dict) -> None:
                                 + "): whether the kernel would take our module is not known",
                                 remedy=sb.get("remedy") or None)
     if state not in dm.LOADABLE:
-        raise ActivationRefused(f"Secure Boot is enforcing and our signing key is {state.replace('-', ' ')}: the "
+        from spark_memsaver.decide.installability import key_phrase     # status's own sentence for the state
+        raise ActivationRefused(f"Secure Boot is enforcing and {key_phrase(state)}: the "
                                 "kernel would refuse our module, so the stock nvidia-uvm stays loaded",
                                 remedy=dm.enrollment_remedy(sb))
     if (sb.get("kernel") or {}).get("trusted_by_kernel") == "no" and sb.get("efi") and sb.get("secure_boot"):
