@@ -26,7 +26,8 @@ ENV.pop("SPARK_MEMSAVER_CONFIG", None)
 LEAVES = dict(gen_docs().leaf_commands())
 MUTATING = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
             "validate"}
-DRY_RUN = {"install", "build", "remove", "rollback", "activate", "reconcile"}
+DRY_RUN = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel"}
+GROUPS = ["", "mok", "patch", "config"]        # "": spark-memsaver itself
 VAGUE = {"TEXT", "INTEGER", "FLOAT", "PATH", "DIRECTORY", "FILENAME", "FILE PATH", "INTEGER RANGE", "FLOAT RANGE"}
 
 
@@ -46,7 +47,24 @@ def metavar(p, ctx) -> str:
 def test_the_tree_is_whole():
     assert {"status", "install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll",
             "patch check", "validate", "metrics", "config show"} <= set(LEAVES)
-    assert set(examples.EXAMPLES) == set(LEAVES)
+    assert set(examples.EXAMPLES) == set(LEAVES) | set(GROUPS)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_group_help_ends_with_runnable_examples(group):
+    """'spark-memsaver --help' and each group's --help end with 1-3 examples too (they ended with the command
+    list): each runs one of the group's commands as written."""
+    r = cli(*group.split(), "--help")
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout.rstrip().split("\n\n")[-1].splitlines()
+    assert tail[0].strip() == "Examples:", r.stdout
+    lines = [ln.strip() for ln in tail[1:]]
+    assert 1 <= len(lines) <= 3
+    for ln in lines:
+        sudo, _ = split(ln)
+        got, _ = parse(ln)
+        assert got in LEAVES and got.startswith(group), (ln, got)
+        assert sudo == (got in MUTATING), f"{ln}: sudo {'missing' if not sudo else 'not needed'}"
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES))

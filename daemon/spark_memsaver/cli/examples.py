@@ -7,6 +7,10 @@ parses every one with the CLI's own parser.
 from __future__ import annotations
 
 EXAMPLES = {
+    "": ["spark-memsaver status", "sudo spark-memsaver install --dry-run", "sudo spark-memsaver install"],
+    "mok": ["spark-memsaver mok status", "sudo spark-memsaver mok enroll --dry-run"],
+    "patch": ["spark-memsaver patch list", "spark-memsaver patch check --source /usr/src/nvidia-580.142"],
+    "config": ["spark-memsaver config show"],
     "status": ["spark-memsaver status", "spark-memsaver status --json | jq .state",
                "spark-memsaver status --quiet || spark-memsaver status --verbose"],
     "install": ["sudo spark-memsaver install --dry-run", "sudo spark-memsaver install",
@@ -33,14 +37,13 @@ EXAMPLES = {
 
 
 def attach(cmd, path: str) -> None:
-    """Set the examples of ``cmd`` (and of a group's subcommands) as its --help epilog."""
+    """Set the examples of ``cmd`` (a group's too, and its subcommands') as its --help epilog; "" is the CLI."""
     import click
     if cmd is None:
-        return
-    if isinstance(cmd, click.Group):
-        for name, sub in cmd.commands.items():
-            attach(sub, f"{path} {name}")
         return
     ex = EXAMPLES.get(path)
     if ex and not cmd.epilog:
         cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {e}" for e in ex)
+    if isinstance(cmd, click.Group):
+        for name, sub in cmd.commands.items():
+            attach(sub, f"{path} {name}".strip())

@@ -79,6 +79,12 @@ class SafeGroup(click.Group):
         attach(self.commands.get(name), name)       # each --help ends with its examples
         return self.commands.get(name)
 
+    def format_epilog(self, ctx, formatter):
+        if ctx.parent is None and not self.epilog:          # 'spark-memsaver --help' ends with examples too
+            from spark_memsaver.cli.examples import attach
+            attach(self, "")
+        super().format_epilog(ctx, formatter)
+
     def invoke(self, ctx):
         # inside click's main, which would turn EPIPE into exit 1: a closed pipe is caught (and flushed) here
         try:
