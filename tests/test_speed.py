@@ -72,7 +72,8 @@ def test_help_lists_every_command_with_its_short_help():
         importlib.import_module(f"spark_memsaver.cli.{mod}").register(probe)
         added = set(probe.commands) - before
         assert added == {n for n, v in m.LAZY_COMMANDS.items() if v == mod}, (mod, added)
-    listed = [ln.split()[0] for ln in r.stdout.split("Commands:", 1)[1].splitlines() if ln.strip()]
+    commands = r.stdout.split("Commands:", 1)[1].split("\n\n", 1)[0]       # the examples follow
+    listed = [ln.split()[0] for ln in commands.splitlines() if ln.strip()]
     assert listed == sorted(set(m.LAZY_COMMANDS) | {"status", "config"}), listed
     for name, cmd in probe.commands.items():
         short = " ".join(cmd.get_short_help_str(limit=300).split()[:3])
