@@ -133,3 +133,44 @@ def test_closed_pipe_is_not_an_error(tmp_path):
         out = subprocess.run(["bash", "-c", " ".join(argv) + " | head -1; echo \"rc=${PIPESTATUS[0]}\""],
                              capture_output=True, text=True, env=ENV, timeout=120)
         assert out.stdout.splitlines()[-1] == "rc=0" and out.stderr == "", out
+
+
+def test_quiet_reaches_every_code_of_its_table_through_the_cli(tmp_path):
+    """Each row of QUIET_TABLE on a fixture root, through the real CLI: the state's code, nothing printed, and
+    plain `status` agreeing on a warning (4-7: the states the table names; 2: a bad config)."""
+    import shutil
+
+    from spark_memsaver.host import Host, holds, intents
+    from tests.test_mok import A_VOLATILE, _openssl_cert, efivar, x509_list
+    from tests.test_secure_boot_path import node
+    mk = sparkroot.make_spark_root
+    K = sparkroot.SPARK_KERNEL
+    na = mk(tmp_path / "na", loaded_driver=None, uvm_loaded=None)
+    shutil.rmtree(na / f"lib/modules/{K}/kernel/nvidia-580-open")
+    shutil.rmtree(na / "usr/src/nvidia-580.142")
+    rb = mk(tmp_path / "rb")
+    intents.write_rollback(Host(rb), K, "requested by the administrator", code="requested")
+    holds.hold(Host(rb), "rollback", K, "requested by the administrator")
+    ours = _openssl_cert(tmp_path, "ours", "/CN=DKMS module signing key").read_bytes()
+    vendor = _openssl_cert(tmp_path, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()
+    bad = mk(tmp_path / "bad")
+    sparkroot.write(bad, "/etc/spark-memsaver/config.yaml", "tier: 5k\n")
+    roots = {"not-applicable": na, "rolled-back": rb,
+             "unverified": node(tmp_path / "unv", ours, {"MokListRT": efivar(A_VOLATILE, x509_list(vendor))}),
+             "inactive": mk(tmp_path / "off", uvm_loaded="ours", ours_installed="580.142",
+                            stats=sparkroot.stats_text(tier="off", packed=0, t256=0, t4k=0)),
+             "needs-attention": mk(tmp_path / "mm", uvm_loaded="ours", ours_installed="580.95.05")}
+    got = {}
+    for name, root in roots.items():
+        q = cli("--root", str(root), "status", "--quiet")
+        p = cli("--root", str(root), "status", "--json")
+        assert q.stdout == "" and q.stderr == "", (name, q.stdout, q.stderr)
+        got[name] = (json.loads(p.stdout)["state"], q.returncode)
+        if p.returncode != 0:
+            assert q.returncode != 0, name
+    assert got == {"not-applicable": ("not-applicable", 4), "rolled-back": ("rolled-back", 5),
+                   "unverified": ("unverified", 6), "inactive": ("inactive", 7),
+                   "needs-attention": ("needs-attention", 1)}, got
+    assert {c for _, c in got.values()} | {0, 2} == {c for c, _ in ec.QUIET_TABLE}
+    q = cli("--root", str(bad), "status", "--quiet")
+    assert q.returncode == 2 and "config-invalid" in q.stderr and q.stdout == ""
