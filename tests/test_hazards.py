@@ -342,7 +342,7 @@ def node(tmp_path, *, version: str, page_size: int = K64, arch: str = "aarch64",
 def status_doc(root: Path, kernels: str = "64k-only"):
     from spark_memsaver.config import Config
     from spark_memsaver.host import Host
-    from spark_memsaver.act.installable import status
+    from spark_memsaver.report.document import status_of as status
     from spark_memsaver.report.document import render_text
     doc, verdict = status(Host(root), Config(kernels=kernels))
     jsonschema.validate(doc, json.loads((REPO / "daemon/spark_memsaver/report/status.schema.json").read_text()))

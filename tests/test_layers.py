@@ -1,8 +1,8 @@
 """The package's layers, checked from its source (issue 22 item 7): every import -- at module level and inside
 functions, ``import x`` and ``from x import y`` alike -- between modules of spark_memsaver.
 
-Bottom to top: host/, config, errors (and the package's own small leaf modules) -> decide/ | observe/ -> world
-(the one module that hands observe/'s readings to decide/'s verdicts) -> report/ -> act/ | validate/ -> service/ ->
+Bottom to top: host/, config, errors (and the package's own small leaf modules) -> decide/ | observe/ -> world/
+(where observe/'s readings meet decide/'s verdicts: the snapshot, the manifest's verdict) -> report/ -> act/ | validate/ -> service/ ->
 cli/ (and ``__main__``). An import may go down, never up; decide/ and observe/ never
 import each other, nor do act/ and validate/; and there is no import cycle at all, also inside one folder (a
 cycle hides an order nobody can read). docs/architecture.md describes the layers.
@@ -221,3 +221,38 @@ def test_one_ours_predicate():
     assert ours.loaded_mismatch({"loaded": True, "patched": True, "version": "580.142-x"}, "580.142") is None
     src = "\n".join(p.read_text() for p in (PKG / "decide").glob("*.py") if p.name not in ("ours.py", "packing.py"))
     assert '.get("patched")' not in src          # every other reader in decide/ asks decide/ours.py
+
+
+# The read paths (issue 22 item 3): act/ is the one door to change; status, metrics and the daemon's reads never
+# reach it. Modules in READ_CLOSED import nothing of act/, nor does anything they import (transitively, lazy imports
+# counted); READ_DIRECT, which also start doors (click commands, D-Bus methods that queue a job), not by themselves.
+READ_CLOSED = ("report", "world", "cli.metrics", "cli.events", "cli.history", "service.statusproc",
+               "service.history")
+READ_DIRECT = ("cli.main", "service.daemon", "service.runtime", "service.monitor", "service.dbus_service")
+
+
+def _in(mod: str, names) -> bool:
+    return any(mod == n or mod.startswith(n + ".") for n in names)
+
+
+def test_read_paths_import_no_act():
+    g = imports()
+    assert all(any(_in(m, (r,)) for m in g) for r in READ_CLOSED + READ_DIRECT)    # every name is a module here
+    bad = []
+    for start in sorted(m for m in g if _in(m, READ_CLOSED)):
+        seen, todo, via = {start}, [start], {start: None}
+        while todo:
+            m = todo.pop()
+            for d in g.get(m, ()):
+                if d not in seen:
+                    seen.add(d)
+                    via[d] = m
+                    todo.append(d)
+        for d in sorted(x for x in seen if layer(x)[0] == "act"):
+            path, m = [d], via[d]
+            while m is not None:
+                path.append(m)
+                m = via[m]
+            bad.append(" -> ".join(reversed(path)))
+    bad += [f"{m} -> {d}" for m in sorted(g) if _in(m, READ_DIRECT) for d in sorted(g[m]) if layer(d)[0] == "act"]
+    assert not bad, "read paths that reach act/:\n" + "\n".join(bad)

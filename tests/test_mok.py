@@ -608,10 +608,10 @@ def test_status_uses_the_given_config_signing_cert(tmp_path, certs):
     assert sb["certificate"]["path"] == "/etc/keys/node.pem"
     assert sb["certificate"]["origin"] == "config signing_cert"
     assert sb["state"] == "enrolled"
-    # the in-process door the daemon uses (act/installable.status with the daemon's config)
+    # the in-process reader the daemon's status process uses (report/document.status_of with the daemon's config)
     from spark_memsaver import config as cfg
-    from spark_memsaver.act import installable
-    doc, _ = installable.status(Host(root), cfg.load(str(cfgp), root=str(root)))
+    from spark_memsaver.report import document
+    doc, _ = document.status_of(Host(root), cfg.load(str(cfgp), root=str(root)))
     assert doc["secure_boot"]["certificate"]["path"] == "/etc/keys/node.pem"
     assert doc["secure_boot"]["state"] == "enrolled"
 

@@ -1,15 +1,14 @@
 """The installability decision (decide/installability.py) applied to the observed host, for the doors that act.
 
-* :func:`observe` -- the snapshot the planner sees (:func:`observe_for_plan`) and the manifest's verdict
-  for its drivers: what ``status``, ``install`` and ``reconcile`` decide from, so they cannot disagree.
+* :func:`observe` -- world.facts: the snapshot the planner sees and the manifest's verdict for its drivers: what
+  ``status``, ``install`` and ``reconcile`` decide from, so they cannot disagree.
 * :func:`require` -- ``install --kernel K`` (and ``build``, Secure Boot aside) refuses before anything is written with the code and remedy that
   ``status`` shows for the same missing piece (the named error class of that code); when the driver's source
   can be fetched (decide: ``needs_fetch``) it is fetched first (act/source_fetch.py).
-* :func:`status` -- the status document (report/document.status) over the same facts.
 * :func:`check_kernel` -- the one ``unknown-kernel`` refusal (exit 2) of every command that names a kernel.
 
-Called from act/executor.py (under its lock) and, for :func:`status`, from the status readers (cli, the
-daemon's status process); reads only, except the fetch.
+Called from act/executor.py (under its lock), act/activate.py and act/dryrun.py; reads only, except the fetch.
+The status readers never come here: they call report/document.status_of over the same world.facts.
 """
 
 from __future__ import annotations
@@ -18,50 +17,16 @@ from spark_memsaver import errors
 from spark_memsaver.config import Config
 from spark_memsaver.decide.installability import installability
 from spark_memsaver.host import Host
-from spark_memsaver.act import records_io as rio
-from spark_memsaver.observe import snapshot as observe_mod
 from spark_memsaver import world
-from spark_memsaver.versions import base_version
 
 
-def observe_for_plan(host: Host, config: Config | None = None) -> dict:
-    """The snapshot plus what the planner needs that the snapshot does not carry yet: each kernel's
-    policy facts (decide/policy.py) and the build records (what the installed builds were made with)."""
-    from spark_memsaver.decide import policy
-    snap = world.snapshot(host, config)
-    for k in snap.get("kernels", []):
-        if "kconfig" not in k:
-            k.update(policy.kernel_facts(observe_mod.kernel_config(host, k["release"])))
-    recs = snap.setdefault("records", {})
-    if "builds" not in recs:
-        builds = {b["kernel"]: b for b in rio.read_builds(host)}
-        for k in snap.get("kernels", []):
-            sel = k.get("uvm_selected") or {}
-            if sel.get("patched") and k["release"] not in builds:
-                meta = rio.dkms_meta(host, base_version(sel.get("version")))
-                if meta:
-                    builds[k["release"]] = {"kernel": k["release"], **meta}
-        recs["builds"] = list(builds.values())
-    return snap
-
-
-def versions_in(snap: dict) -> set[str]:
-    vs = {base_version((k.get("nvidia_selected") or {}).get("version")) for k in snap.get("kernels", [])}
-    vs |= {s.get("version") for s in (snap.get("driver") or {}).get("sources", [])}
-    return {v for v in vs if v}
+observe_for_plan = world.observe_for_plan     # the readers live in world/ (status reads them without act/)
+versions_in = world.versions_in
 
 
 def observe(host: Host, config: Config) -> tuple[dict, dict]:
-    """(snapshot, support): the planner's snapshot and the manifest verdict of every driver version in it."""
-    from spark_memsaver.act import steps as st
-    snap = observe_for_plan(host, config)
-    return snap, st.support_for(versions_in(snap), st.source_trees(host, snap))
-
-
-def status(host: Host, config: Config) -> tuple:
-    """(document, verdict) of ``status``: report/document.status over :func:`observe`'s facts."""
-    from spark_memsaver.report import document
-    return document.status(host, config, *observe(host, config))
+    """(snapshot, support): world.facts -- what status shows is what the doors decide from."""
+    return world.facts(host, config)
 
 
 def _classes() -> dict:

@@ -35,13 +35,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from spark_memsaver.act.manifest import (QUALIFICATIONS, VERIFIED, _VERSION_RE, Entry, Manifest,  # noqa: F401
-                                         ManifestInvalid, _vkey, load_manifest, patch_data_dir)
-from spark_memsaver.decide import qualification as qual
+from spark_memsaver.world.manifest import (QUALIFICATIONS, VERIFIED, _VERSION_RE, Entry, Manifest,  # noqa: F401
+                                           ManifestInvalid, Selection, _entry_for, _vkey, load_manifest, nearest,
+                                           patch_data_dir, select)
+from spark_memsaver.world.support import (_sha256, qualify, source_trees, support, support_for,  # noqa: F401
+                                          tree_hashes)
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 from spark_memsaver.host.runner import Runner
 
@@ -121,47 +122,6 @@ def read_tree_version(src: Path) -> str:
     return version
 
 
-@dataclass
-class Selection:
-    version: str
-    branch: str
-    patches: list[Path]
-    qualification: str
-    match: str               # "exact" | "range" | "nearest" | "content" (unlisted, identical hooked files)
-    verified_on: list[str]
-    content: dict = field(default_factory=dict)   # qualify()'s by / inherited_from / drifted / compared_with
-
-
-def _entry_for(manifest: Manifest, version: str) -> tuple[Entry | None, str | None]:
-    for kind, test in (("exact", Entry.matches_exact), ("range", Entry.matches_range)):
-        for e in manifest.entries:
-            if test(e, version):
-                return e, kind
-    return None, None
-
-
-def select(manifest: Manifest, version: str) -> Selection | None:
-    """By version only: the exact entry, else a range entry (untested), else None. See qualify() for content."""
-    e, kind = _entry_for(manifest, version)
-    if e is None:
-        return None
-    if kind == "exact":
-        return Selection(version, e.branch, manifest.branches[e.branch], e.qualification, "exact", e.verified_on)
-    return Selection(version, e.branch, manifest.branches[e.branch], "untested", "range", [])
-
-
-def nearest(manifest: Manifest, version: str) -> Selection:
-    """The branch of the known version closest to `version` (by major, then the rest; ties go lower)."""
-    k = _vkey(version)
-
-    def dist(item):
-        kv = _vkey(item[0])
-        return (abs(kv[0] - k[0]), kv[0] > k[0], [abs(a - b) for a, b in zip(kv[1:], k[1:])])
-
-    v, e = min(manifest.known_versions(), key=dist)
-    return Selection(version, e.branch, manifest.branches[e.branch], "untested", "nearest", [])
-
-
 # ----------------------------------------------------------------------------------------------
 # patch(1)
 
@@ -183,81 +143,6 @@ def _dry_run(runner: Runner, src: Path, sel: Selection) -> tuple[bool, str]:
         if not r.ok or "FAILED" in r.stdout or "fuzz" in r.stdout.lower():
             return False, "\n".join(out)
     return True, "\n".join(out)
-
-
-def _sha256(p: Path) -> str:
-    from spark_memsaver.digest import sha256   # not hashlib (libcrypto): status hashes the hooked files
-
-    return sha256(p.read_bytes()).hexdigest()
-
-
-def tree_hashes(tree: Path, paths) -> dict[str, str | None]:
-    """sha256 of each path under `tree` (None for a missing file)."""
-    return {p: (_sha256(Path(tree) / p) if (Path(tree) / p).is_file() else None) for p in paths}
-
-
-def qualify(tree: Path | None, driver_version: str, manifest: Manifest | None = None) -> dict:
-    """Qualification of the tree `tree` (labelled `driver_version`; None = judge by version only) by the
-    manifest's version entries and the recorded sha256 of the files the hooks touch (decide/qualification.py):
-    ``{"version", "qualification", "by": "version"|"content", "inherited_from", "drifted", "compared_with",
-    "branch", "match", "verified_on", "hashes_recorded"}``."""
-    manifest = manifest or load_manifest()
-    entry, kind = _entry_for(manifest, driver_version)
-    branch = entry.branch if entry is not None else nearest(manifest, driver_version).branch
-    hashes = tree_hashes(tree, manifest.hooked_paths(branch)) if tree is not None else None
-    return {"version": driver_version,
-            **qual.decide(driver_version, entry, kind, hashes, manifest.entries, nearest_branch=branch)}
-
-
-def support(version: str, tree: Path | None = None, manifest: Manifest | None = None) -> dict:
-    """The daemon's manifest verdict for one driver (act/steps.support_for): ``{"supported", "reason" (when
-    not), "branch", "qualification", "by", "inherited_from", "drifted", "compared_with"}``. Supported = the
-    manifest lists the version (exact or range; the dry run decides at build time) or, with its tree, the hooked
-    files are those of a compile-verified tree of the nearest branch (compile-verified by content). An unlisted
-    version judged without its tree also has ``content_unchecked: True`` when its source could still qualify it
-    by content (fetch the source, then ask again)."""
-    manifest = manifest or load_manifest()
-    q = qualify(tree, version, manifest)
-    keys = {k: q[k] for k in ("branch", "qualification", "by", "inherited_from", "drifted", "compared_with")}
-    if q["match"] != "nearest":
-        return {"supported": True, **keys}
-    why = f"NVIDIA driver {version} is not in this release's patch manifest"
-    if q["compared_with"]:
-        why += (f", and its hooked files differ from the compile-verified {q['compared_with']} tree "
-                f"({', '.join(q['drifted'])})")
-    # no tree to judge by content: its source (once fetched) may still qualify it by content
-    unchecked = tree is None and any(e.branch == q["branch"] and e.hooked_files for e in manifest.entries)
-    return {"supported": False, "reason": why, **keys, "content_unchecked": unchecked}
-
-
-def support_for(versions, trees: dict | None = None) -> dict:
-    """support() for each version (act/steps.support_for, the planner's and installability's input); trees:
-    {version: path of its NVIDIA tree} (source_trees()). No manifest = nothing supported, with the reason."""
-    try:
-        manifest = load_manifest()
-    except Exception as e:
-        return {v: {"supported": False, "reason": f"patch manifest unavailable: {e}"} for v in versions if v}
-    out = {}
-    for v in versions:
-        if not v:
-            continue
-        try:
-            try:
-                out[v] = support(v, (trees or {}).get(v), manifest)
-            except OSError:   # an unreadable tree: judged by its version alone
-                out[v] = support(v, None, manifest)
-        except Exception as e:
-            out[v] = {"supported": False, "reason": f"NVIDIA driver {v} is not in this release's patch manifest ({e})"}
-    return out
-
-
-def source_trees(host, snap: dict) -> dict:
-    """{driver version: host path of its open NVIDIA tree} from the snapshot's driver sources (first one wins)."""
-    out = {}
-    for s in (snap.get("driver") or {}).get("sources", []):
-        if s.get("version") and s.get("path") and s.get("open", True) and s["version"] not in out:
-            out[s["version"]] = host.path(s["path"])
-    return out
 
 
 def check_source(source: Path, *, allow_untested: bool = False, manifest: Manifest | None = None,

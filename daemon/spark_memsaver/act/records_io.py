@@ -19,9 +19,10 @@ import json
 import os
 
 from spark_memsaver.errors import EXIT_FAILED, MemsaverError
-from spark_memsaver.host import Host, intents, records
+from spark_memsaver.host import Host, intents, paths
+from spark_memsaver.observe.builds import dkms_meta, read_builds  # noqa: F401  (the readers: observe/builds.py)
 
-BUILDS = f"{intents.STATE_DIR}/builds"
+BUILDS = paths.BUILDS
 BUILD_SCHEMA = 1
 
 
@@ -111,20 +112,3 @@ def write_build(host: Host, kernel: str, settings: dict, *, driver: str | None, 
 def clear_build(host: Host, kernel: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(host.path(_build_path(kernel)))
-
-
-def read_builds(host: Host) -> list[dict]:
-    """Build records by kernel; one that is not a JSON object of strings is ignored (re-derived)."""
-    return [{k: v for k, v in r.items() if k != "_path"} for r in records.read_dir(host, "build", [], BUILDS)]
-
-
-def dkms_meta(host: Host, driver: str | None) -> dict | None:
-    """Settings of a build made by 0.1.0 (no build record): our rendered DKMS tree's spark-memsaver.json."""
-    if not driver:
-        return None
-    for name in host.listdir("/usr/src"):
-        if name.startswith(f"spark-memsaver-uvm-{driver}-sm"):
-            meta = records.one(host, "dkms-tree", f"/usr/src/{name}/spark-memsaver.json")
-            if meta and meta.get("driver_version") == driver:
-                return {"tier": meta.get("tier"), "kernels": meta.get("kernels_policy"), "from": "dkms-tree"}
-    return None

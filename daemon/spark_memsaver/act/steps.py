@@ -92,14 +92,14 @@ def remove(host: Host, config: Config, kernel: str | None, progress) -> dict:
 
 def support_for(versions, trees: dict | None = None) -> dict:
     """Manifest verdict per driver version: {version: {"supported": bool, "reason": str, "qualification": ...}};
-    with trees ({version: host path}, source_trees()) by content too (act/patch.support_for)."""
-    from spark_memsaver.act import patch as uvm_patch
-    return uvm_patch.support_for(versions, trees)
+    with trees ({version: host path}, source_trees()) by content too (world/support.support_for)."""
+    from spark_memsaver.world import support
+    return support.support_for(versions, trees)
 
 
 def source_trees(host: Host, snap: dict) -> dict:
-    from spark_memsaver.act import patch as uvm_patch
-    return uvm_patch.source_trees(host, snap)
+    from spark_memsaver.world import support
+    return support.source_trees(host, snap)
 
 
 def record_stock(host: Host, kernel: str) -> str | None:

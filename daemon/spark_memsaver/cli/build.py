@@ -129,7 +129,7 @@ def next_step(obj) -> str | None:
     """After install: the one next step for this node's state now (report/summary.py, as status's first screen
     says it), e.g. activate, enroll the key, or nothing."""
     try:
-        from spark_memsaver.act.installable import status
+        from spark_memsaver.report.document import status_of as status
         from spark_memsaver.report.summary import next_step as step
         doc, _ = status(obj.host, obj.config)
         return step(doc)

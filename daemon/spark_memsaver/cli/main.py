@@ -173,7 +173,7 @@ def status(obj: Context, as_json: bool, direct: bool, quiet: bool, verbose: bool
         except ImportError:
             doc = None
     if doc is None:
-        from spark_memsaver.act.installable import status as run_status
+        from spark_memsaver.report.document import status_of as run_status
         doc, _ = run_status(obj.host, config)
         doc["source"] = "direct"
     from spark_memsaver import exitcodes

@@ -16,7 +16,7 @@ def register(cli) -> None:
         For cron or node_exporter's textfile collector; spark-memsaverd writes the same text to
         /var/lib/prometheus/node-exporter/spark-memsaver.prom by itself when that directory exists.
         """
-        from spark_memsaver.act.installable import status as run_status
+        from spark_memsaver.report.document import status_of as run_status
         from spark_memsaver.report.metrics import exposition
 
         doc, _ = run_status(obj.host, obj.config)

@@ -21,7 +21,7 @@ patch, relative to the /usr/src-layout tree root, e.g. ``nvidia-uvm/uvm_mmu.c``;
   differ from the closest compile-verified tree of the branch (``compared_with``) when a tree was given.
 
 Inputs are plain data (entries need ``branch``, ``qualification``, ``versions``, ``verified_on``,
-``hooked_files`` attributes); hashing the tree is the caller's I/O (act/patch.py ``qualify``).
+``hooked_files`` attributes); hashing the tree is the caller's I/O (world/support.py ``qualify``).
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
 
 
 def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict:
-    """``support``: the manifest's verdict per driver version (act/steps.support_for); None when the caller
+    """``support``: the manifest's verdict per driver version (world/support.support_for); None when the caller
     has not consulted the manifest (the manifest check is then left out of the install advice)."""
     f: list[Finding] = []
     host = snap["host"]

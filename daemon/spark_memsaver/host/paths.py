@@ -13,6 +13,7 @@ CONFIG_FILE = "/etc/spark-memsaver/config.yaml"
 LOG_DIR = f"{STATE_DIR}/logs"
 INTENTS = f"{STATE_DIR}/intents"
 ROLLBACKS = f"{STATE_DIR}/rollbacks"
+BUILDS = f"{STATE_DIR}/builds"        # build records <kernel>.json (act/records_io.py writes, observe/builds.py reads)
 HOLDS = f"{STATE_DIR}/holds"          # the administrator's holds: <kernel>.json, all.json (host/holds.py)
 SAMPLES_DIR = f"{STATE_DIR}/history"      # the monitor's persisted samples (service/history.py): not lifecycle
 EVENTS = f"{STATE_DIR}/events.jsonl"      # the one lifecycle event log (host/events.py)

@@ -53,7 +53,7 @@ SPECS: dict[str, tuple[dict, dict]] = {
 
 # directories of records of one kind (every *.json in them), and single record files
 DIRS = {"intent": paths.INTENTS, "rollback": paths.ROLLBACKS, "stock": paths.DKMS_STATE,
-        "build": f"{paths.STATE_DIR}/builds", "hold": paths.HOLDS}
+        "build": paths.BUILDS, "hold": paths.HOLDS}
 FILES = {"signing": paths.SIGNING_RECORD, "signed-log": paths.SIGNED_LOG, "validate": paths.VALIDATE_REPORT,
          "mok-request": paths.MOK_REQUEST}
 

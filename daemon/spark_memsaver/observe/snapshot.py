@@ -1,6 +1,6 @@
 """Observe: one snapshot of the host, read through a root prefix, as a plain dict of facts.
 
-Nothing here decides anything: two sections are readings that spark_memsaver/world.py hands to decide/ before
+Nothing here decides anything: two sections are readings that spark_memsaver/world/ hands to decide/ before
 anyone else sees the snapshot -- "secure_boot" (an efi/mokvars.MokReading; decide/mok.section) and
 "driver_sources" (observe/sources.facts; decide/sources.section). world.snapshot is the snapshot to use.
 """
@@ -280,7 +280,7 @@ _HAZARD_TEXT_MAX = 2 << 20      # decide/c_macros.py reads no more
 
 
 def _hazards_table() -> dict:
-    """The product's hazards table (product data, never under --root): like act/patch.py's data dir."""
+    """The product's hazards table (product data, never under --root): like world/manifest.py's data dir."""
     from pathlib import Path
     env = os.environ.get("SPARK_MEMSAVER_UVM_PATCH_DIR")
     dirs = ([Path(env)] if env else []) + [Path(__file__).resolve().parents[3] / "uvm_patch",

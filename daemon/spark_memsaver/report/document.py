@@ -84,14 +84,22 @@ def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
     }
 
 
+def status_of(host: Host, config: Config) -> tuple[dict, Verdict]:
+    """(document, verdict) of ``status`` over world.facts -- the facts install and reconcile decide
+    installability from (act/installable.observe takes the same): what every status reader calls (cli status,
+    metrics, the daemon's status process). Imports nothing of act/ (tests/test_layers.py)."""
+    from spark_memsaver import world
+    return status(host, config, *world.facts(host, config))
+
+
 def status(host: Host, config: Config, snap: dict, support: dict) -> tuple[dict, Verdict]:
-    """The document and its verdict from the planner's snapshot and manifest verdict, which the caller gathers
-    (act/installable.status): status, install and reconcile decide installability from the same facts
+    """The document and its verdict from the planner's snapshot and manifest verdict (world.facts; status_of
+    gathers them): status, install and reconcile decide installability from the same facts
     (decide/installability.py). report/ imports nothing of act/."""
     snap["identity"] = node_identity(host)
     verdict = evaluate(snap, config, support)
     doc = build_document(snap, verdict, config)
-    # the manifest's verdict on each driver source, by content where the tree is here (act/patch.support)
+    # the manifest's verdict on each driver source, by content where the tree is here (world/support.support)
     doc["driver"]["patch"] = {s["version"]: {k: sup.get(k) for k in ("supported", "qualification", "by",
                                                                      "inherited_from", "drifted")}
                               for s in doc["driver"]["sources"] if (sup := (support or {}).get(s["version"]))}

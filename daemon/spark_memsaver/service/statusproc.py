@@ -93,7 +93,7 @@ def child(root: str, config_path: str | None, fallback: dict | None) -> dict:
         c = _config_from(fallback)
     out["config"] = config_dict(c)
     try:
-        from spark_memsaver.act.installable import status
+        from spark_memsaver.report.document import status_of as status
         out["doc"], _verdict = status(Host(root), c)
     except MemsaverError as e:
         out["error"] = error_dict(e)

@@ -1,6 +1,8 @@
-"""uvm_patch/manifest.yaml: where the patch data lives and what the manifest says (format 1).
+"""uvm_patch/manifest.yaml: where the patch data lives and what the manifest says (format 1), and which entry or
+branch a driver version gets (:func:`select`, :func:`nearest`).
 
-Split out of act/patch.py (which re-exports every name here). Each driver entry: exact ``versions`` or a
+Read by world/support.py (the manifest's verdict on each driver: status, installability, the planner) and by
+act/patch.py's apply step (which re-exports every name here). Each driver entry: exact ``versions`` or a
 ``range``, ``branch``, ``qualification`` (a verified level, compile-verified or nvidia-tests, needs ``verified_on``),
 for verified trees ``hooked_files: {version: {path: sha256}}`` (every file the branch's hook patch touches;
 uvm_patch/gen-hashes), and for nvidia-tests ``nvidia_tests``: the runs of NVIDIA's built-in tests that passed
@@ -147,3 +149,47 @@ def load_manifest(root: Path | None = None) -> Manifest:
     if not entries:
         raise bad("no drivers listed")
     return Manifest(root=root, pool_files=pool, branches=branches, entries=entries)
+
+
+# ----------------------------------------------------------------------------------------------
+# A driver version's entry or branch
+
+@dataclass
+class Selection:
+    version: str
+    branch: str
+    patches: list[Path]
+    qualification: str
+    match: str               # "exact" | "range" | "nearest" | "content" (unlisted, identical hooked files)
+    verified_on: list[str]
+    content: dict = field(default_factory=dict)   # qualify()'s by / inherited_from / drifted / compared_with
+
+
+def _entry_for(manifest: Manifest, version: str) -> tuple[Entry | None, str | None]:
+    for kind, test in (("exact", Entry.matches_exact), ("range", Entry.matches_range)):
+        for e in manifest.entries:
+            if test(e, version):
+                return e, kind
+    return None, None
+
+
+def select(manifest: Manifest, version: str) -> Selection | None:
+    """By version only: the exact entry, else a range entry (untested), else None. See qualify() for content."""
+    e, kind = _entry_for(manifest, version)
+    if e is None:
+        return None
+    if kind == "exact":
+        return Selection(version, e.branch, manifest.branches[e.branch], e.qualification, "exact", e.verified_on)
+    return Selection(version, e.branch, manifest.branches[e.branch], "untested", "range", [])
+
+
+def nearest(manifest: Manifest, version: str) -> Selection:
+    """The branch of the known version closest to `version` (by major, then the rest; ties go lower)."""
+    k = _vkey(version)
+
+    def dist(item):
+        kv = _vkey(item[0])
+        return (abs(kv[0] - k[0]), kv[0] > k[0], [abs(a - b) for a, b in zip(kv[1:], k[1:])])
+
+    v, e = min(manifest.known_versions(), key=dist)
+    return Selection(version, e.branch, manifest.branches[e.branch], "untested", "nearest", [])
