@@ -9,8 +9,10 @@ or the check says it could not read the file and the driver version decides: nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -75,19 +77,45 @@ def test_status_survives_a_hostile_header(tmp_path, name):
 
 # --- the same cases at the reader level: a named CEvalError (CLimitError) or a value, quickly --------------
 
+READER_CPU_S = 20     # CPU seconds for one reader call here (each takes under 1 s; before: minutes, or without end)
+
+
+class _PastBound(BaseException):
+    """Raised by the CPU timer (a BaseException: no reader's `except Exception` can swallow it)."""
+
+
+@contextlib.contextmanager
+def cpu_bound(seconds: float = READER_CPU_S):
+    """Stop the block after ``seconds`` of CPU time (ITIMER_VIRTUAL; the watchdog's SIGALRM is left alone) and
+    fail: a reader that went exponential again fails here instead of running until killed."""
+    def expire(signum, frame):
+        raise _PastBound()
+    previous = signal.signal(signal.SIGVTALRM, expire)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    try:
+        yield
+    except _PastBound:
+        pytest.fail(f"the reader ran past {seconds} s of CPU time (stopped)")
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
+
+
 @pytest.mark.parametrize("name", [n for n in CASES if n != "3 MiB header"])
 def test_reader_bounds(name):
     prefix, decided_by, words = CASES[name]
     text = prefix + f"#define {MACRO} 1\n"
     t0 = time.monotonic()
-    if decided_by == "content":
-        assert c_macros.macro_value(text, MACRO, K64) == 1
-    else:
-        with pytest.raises(c_expr.CLimitError, match=words):
-            c_macros.macro_value(text, MACRO, K64)
+    with cpu_bound():
+        if decided_by == "content":
+            assert c_macros.macro_value(text, MACRO, K64) == 1
+        else:
+            with pytest.raises(c_expr.CLimitError, match=words):
+                c_macros.macro_value(text, MACRO, K64)
     assert time.monotonic() - t0 < BOUND_S
 
 
+@cpu_bound()
 def test_limits_inside_the_macro_value():
     deep = "#define D0 1\n" + "".join(f"#define D{i + 1} (D{i}+1)\n" for i in range(1500)) + f"#define {MACRO} D1500\n"
     with pytest.raises(c_expr.CLimitError, match="nested"):
