@@ -171,3 +171,24 @@ def test_install_ends_with_the_next_step():
     assert "sudo spark-memsaver validate" in next_step(doc)
     doc["records"]["last_validation"] = {"outcome": "passed"}
     assert next_step(doc) is None
+
+
+def test_install_next_step_on_the_states_install_leaves(tmp_path):
+    """What `install` prints last ('next: ...', cli/build.next_step) on the two states an install leaves a node
+    in, read from real fixture roots: installed with Secure Boot off -> activate; installed while the key is
+    not enrolled -> enroll, then reboot and confirm at the console. Each is runnable as printed."""
+    from spark_memsaver.cli.build import next_step
+    from spark_memsaver.cli.main import Context
+    from tests.test_mok import A_VOLATILE, _openssl_cert, efivar, x509_list
+    from tests.test_secure_boot_path import node
+    installed = sparkroot.make_spark_root(tmp_path / "i", ours_installed="580.142")
+    ours = _openssl_cert(tmp_path, "ours", "/CN=DKMS module signing key").read_bytes()
+    vendor = _openssl_cert(tmp_path, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()
+    unverified = node(tmp_path / "u", ours, {"MokListRT": efivar(A_VOLATILE, x509_list(vendor))})
+    got = {name: next_step(Context(str(root), None, False)) for name, root in
+           (("installed", installed), ("unverified", unverified))}
+    assert got["installed"].startswith("Run 'sudo spark-memsaver activate'"), got
+    assert got["unverified"].startswith("Run 'sudo spark-memsaver mok enroll', then reboot"), got
+    for step in got.values():
+        for c in re.findall(r"'([^']+)'", step):
+            parse(c)
