@@ -36,14 +36,18 @@ ENV.pop("SPARK_MEMSAVER_CONFIG", None)
 OTHER_DISTRIBUTIONS = {"update-secureboot-policy": "Ubuntu's shim-signed"}
 
 
+SUPPORT: dict = {}     # the manifest's verdict a variant is evaluated with (None: not consulted)
+
+
 def _variants() -> dict:
     """The decide cases plus states that reach the findings the cases do not."""
     out = {n: fn() for n, fn in CASES.items()}
 
-    def v(name, fn, config=None):
+    def v(name, fn, config=None, support=None):
         s = base_snapshot()
         fn(s)
         out[name] = (s, config or Config(), None, None)
+        SUPPORT[name] = support
     v("headers_missing", lambda s: s["kernels"][0].update(headers=False))
     v("other_kernel_headers_missing", lambda s: s["kernels"].append(dict(copy.deepcopy(s["kernels"][0]),
                                                                          release=K + "-old", running=False,
@@ -59,10 +63,49 @@ def _variants() -> dict:
         s["records"]["builds"] = [{"kernel": K, "tier": "4k-all", "kernels": "64k-only"}]
     v("config_changed_auto", changed)
     v("config_changed_manual", changed, Config(auto_build=False))
+    # the install findings (decide/installability.py): each missing piece, and a fetchable source
+    v("driver_source_missing", lambda s: s["driver"].update(sources=[]))
+    v("driver_source_missing_in_lists", lambda s: s.update(driver={**s["driver"], "sources": []}, driver_sources={
+        "mode": "never", "by_driver": {"580.142": {"package": "nvidia-kernel-source-580-open",
+                                                   "deb_version": "580.142-0ubuntu1", "in_lists": True}}}))
+    v("driver_source_corrupt", lambda s: s.update(driver={**s["driver"], "sources": [
+        {"version": "580.142", "path": "/usr/src/nvidia-580.142", "open": False}]}, driver_sources={
+        "by_driver": {"580.142": {"package": "nvidia-kernel-source-580-open", "deb_version": "580.142-0ubuntu1"}}}))
+    v("driver_source_fetchable", lambda s: s.update(driver={**s["driver"], "sources": []}, driver_sources={
+        "mode": "auto", "by_driver": {"580.142": {"fetchable": True, "package": "nvidia-kernel-source-580-open",
+                                                  "deb_version": "580.142-0ubuntu1"}}}))
+    v("driver_unsupported", lambda s: None, support={"580.142": {"supported": False,
+                                                                 "reason": "driver 580.142 is not in the manifest"}})
+    v("nvidia_ko_missing", lambda s: s["kernels"][0].update(nvidia_selected=None))
+    v("unknown_kernel", lambda s: s["kernels"][0].update(release=K + "-other", running=False))
+    # records: quarantined (set aside or not yet), the administrator's hold
+    v("record_quarantined", lambda s: s["records"].update(quarantined=[
+        {"path": "/var/lib/spark-memsaver/intents/x.json", "kind": "intent", "reason": "not JSON", "moved_to": None},
+        {"path": "/var/lib/spark-memsaver/y.json", "kind": "build", "reason": "r", "moved_to": "/var/lib/y.bad"}]))
+    v("held_after_rollback", lambda s: s["records"].update(
+        holds=[{"by": "rollback", "kernel": K, "since": "2026-12-02T10:00:00Z", "reason": "r"}],
+        rollbacks=[{"kernel": K, "time": "2026-12-02T10:00:00Z", "reason": "requested", "code": "requested"}]))
+    # the known-hazards table (uvm_patch/hazards.yaml): a hazard met, a check that could not read its file,
+    # a table not found, a table not valid
+    table = (REPO / "uvm_patch/hazards.yaml").read_text()
+    hz = {"table": {"path": "/usr/share/spark-memsaver/uvm_patch/hazards.yaml", "text": table},
+          "driver_version": "590.48.01", "arch": "aarch64", "page_size": 65536, "sources": {},
+          "source_path": "/usr/src/nvidia-590.48.01",
+          "source_errors": {"common/inc/nv-linux.h": "Permission denied"}}
+    v("hazard_met", lambda s: s.update(hazard_inputs=hz))
+    v("hazards_table_unreadable", lambda s: s.update(hazard_inputs={**hz, "table": {"path": "h", "text": None}}))
+    v("hazards_table_invalid", lambda s: s.update(hazard_inputs={**hz, "table": {"path": "h", "text": "- 7\n"}}))
+    # a configuration read under an old name (the real loader's note)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "config.yaml").write_text("tier: 4k\n")
+        from spark_memsaver import config as cfg
+        v("config_renamed", lambda s: None, cfg.load(str(Path(d, "config.yaml"))))
     return out
 
 
-def _would_refuse(path: str, params: dict, snap: dict, config: Config, state: str) -> str | None:
+def _would_refuse(path: str, params: dict, snap: dict, config: Config, state: str,
+                  support: dict | None = None) -> str | None:
     """Why the same code would refuse this spark-memsaver command in this state, or None."""
     kernels = {k["release"]: k for k in snap.get("kernels", [])}
     if params.get("kernel") and params["kernel"] not in kernels:
@@ -71,7 +114,7 @@ def _would_refuse(path: str, params: dict, snap: dict, config: Config, state: st
     if path in ("install", "build") and (snap.get("dkms") or {}).get("available") is False:
         return f"{path} is refused: dkms-missing (DkmsMissing, act/dkms_run.py)"
     if path in ("install", "build") and k:
-        d = inst.installability(snap, config, None, k)
+        d = inst.installability(snap, config, support, k)
         missing = [m["code"] for m in d["missing"] if path == "install" or m["code"] != "secure-boot-unknown"]
         if missing:
             return f"{path} is refused: {missing}"
@@ -108,7 +151,7 @@ def check_command(command: str) -> list[str]:
 def walk_decide() -> tuple[list[tuple], list[str]]:
     rows, problems = [], []
     for name, (snap, config, _, _) in sorted(_variants().items()):
-        v = evaluate(copy.deepcopy(snap), config)
+        v = evaluate(copy.deepcopy(snap), config, SUPPORT.get(name))
         for f in v.findings:
             cmds = rm.commands_in(f.remedy)
             rows.append((name, v.state, f.code, cmds))
@@ -119,7 +162,7 @@ def walk_decide() -> tuple[list[tuple], list[str]]:
                 _, argv = split(c)
                 if argv[:1] == ["spark-memsaver"]:
                     path, params = parse(c)
-                    why = _would_refuse(path, params, snap, config, v.state)
+                    why = _would_refuse(path, params, snap, config, v.state, SUPPORT.get(name))
                     if why:
                         problems.append(f"{name}/{f.code}: {c!r} would be refused: {why}")
     return rows, problems
@@ -162,7 +205,48 @@ def roots(tmp_path_factory):
     sparkroot.write(r["unverified"], f"/sys/firmware/efi/efivars/SecureBoot-{sparkroot.EFI_GLOBAL}",
                     b"\x06\x00\x00\x00")
     intents.write_rollback(Host(r["rolled-back"]), sparkroot.SPARK_KERNEL, "the driver moved", code="requested")
+    # every MOK state that keeps our module out, from byte-exact EFI variables (tests/test_mok.py's encoders);
+    # the guard's refusal in this boot; a key the firmware has and the running kernel does not trust (a real
+    # /proc/keys); the administrator's hold after a rollback
+    from spark_memsaver.host import holds
+    from tests.test_mok import A_NV, A_VOLATILE, SB_ON, _openssl_cert, efivar, x509_list
+    from tests.test_secure_boot_path import FIX, REFUSED_KEY, der, node
+    ours = _openssl_cert(t, "ours", "/CN=DKMS module signing key").read_bytes()
+    vendor = x509_list(_openssl_cert(t, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes())
+    ne = {"MokListRT": efivar(A_VOLATILE, vendor)}
+    r["not-enrolled"] = node(t / "ne", ours, ne)
+    r["pending-enroll"] = node(t / "pe", ours, {**ne, "MokNew": efivar(A_NV, x509_list(ours)),
+                                                "MokAuth": efivar(A_NV, b"\x00" * 32)})
+    r["no-key"] = node(t / "nk", ours, ne, ours=None)
+    (r["no-key"] / "var/lib/dkms/mok.pub").unlink()
+    r["pending-delete"] = node(t / "pd", ours, {"MokListRT": efivar(A_VOLATILE, vendor + x509_list(ours)),
+                                                "MokDel": efivar(A_NV, x509_list(ours)),
+                                                "MokDelAuth": efivar(A_NV, b"\x00" * 32)})
+    r["blocked"] = node(t / "bl", ours, {**ne, "MokListXRT": efivar(A_VOLATILE, x509_list(ours))})
+    r["ours-load-failed"] = node(t / "lf", ours, ne, files={"/run/spark-memsaver/guard.log": REFUSED_KEY})
+    untrusted = der(FIX / "untrusted-key.pem")
+    r["not-trusted-by-kernel"] = node(t / "nt", untrusted, {**SB_ON, "MokListRT": efivar(A_VOLATILE,
+                                                                                         x509_list(untrusted))},
+                                      files={"/proc/keys": (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()})
+    r["held"] = sparkroot.make_spark_root(t / "held")
+    intents.write_rollback(Host(r["held"]), sparkroot.SPARK_KERNEL, "requested by the administrator",
+                           code="requested")
+    holds.hold(Host(r["held"]), "rollback", sparkroot.SPARK_KERNEL, "requested by the administrator")
     return r
+
+
+def every_finding_code() -> set[str]:
+    """Every code decide/status.py can give: its literal findings, one per MOK state that keeps our module out,
+    each missing piece of installability, the hazards table's own codes and each hazard of the table."""
+    from spark_memsaver.decide import mok as dm
+    from spark_memsaver.hazard_table import HazardsInvalid, load_hazards
+    text = (REPO / "daemon/spark_memsaver/decide/status.py").read_text()
+    codes = set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', text))
+    codes |= {f"mok-{s}" for s in dm.STATES if s not in dm.LOADABLE and s != "unknown"}
+    codes |= set(inst.CODES.values()) | {"driver-source-corrupt"}
+    codes |= {"hazards-table-unreadable", HazardsInvalid.code, "hazard-check-failed"}
+    codes |= {h.code for h in load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())}
+    return codes
 
 
 DRY = {"install", "build", "remove", "rollback", "activate", "reconcile"}
@@ -195,6 +279,9 @@ def test_remedy_walk_on_fixture_roots(roots):
         print(f"  {state:<18} {code:<28} {' ; '.join(cmds) or '-'}")
     assert {s for s, _, _ in seen} >= {"stock", "installed", "mismatch", "unverified", "rolled-back"}
     assert problems == []
+    walked = {c for _, c, _ in seen} | {r[2] for r in walk_decide()[0]}
+    print(f"finding codes walked: {len(walked)} of {len(every_finding_code())}")
+    assert every_finding_code() - walked == set(), "no state of the walk reaches these codes"
 
 
 def test_the_builder():
@@ -209,6 +296,12 @@ def test_the_builder():
     assert rm.commands_in("Run 'spark-memsaver reconcile' (or restart spark-memsaverd)") == \
         ["spark-memsaver reconcile"]
     assert rm.unquoted_root_mentions("then run spark-memsaver install again") == ["spark-memsaver install"]
+    # an apostrophe is no quote: the command after "the driver's" and "spark-memsaverd's" is still read
+    assert rm.commands_in("the NVIDIA 580 driver's kernel modules: 'sudo apt-get install x' (Ubuntu)") == \
+        ["sudo apt-get install x"]
+    assert rm.commands_in("spark-memsaverd's next reconcile sets it aside, or now: 'sudo spark-memsaver reconcile'."
+                          ) == ["sudo spark-memsaver reconcile"]
+    assert rm.unquoted_root_mentions("the daemon's next run, or 'sudo spark-memsaver reconcile' now") == []
     assert rm.unquoted_root_mentions("spark-memsaver rebuilds it by itself") == []
 
 

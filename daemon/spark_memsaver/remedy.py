@@ -68,13 +68,15 @@ def sm(args: str) -> str:
 
 # --- reading remedies back (the remedy walk, tests) ------------------------------------------------------
 
+# a quoted segment: its quotes are not an apostrophe inside a word ("the driver's", "spark-memsaverd's next")
+_QUOTED = r"(?<!\w)'([^']*)'(?!\w)"
 _COMMAND_START = re.compile(r"^(?:sudo\s+)?(?:" + "|".join(re.escape(p) for p in (PROG, *PROGRAMS)) + r")(?:\s|$)")
 
 
 def commands_in(remedy: str) -> list[str]:
     """The commands a remedy asks the reader to run: its quoted segments that start with a program we know,
     and the remedy itself when it is a bare command line."""
-    out = [q for q in re.findall(r"'([^']+)'", remedy) if _COMMAND_START.match(q)]
+    out = [q for q in re.findall(_QUOTED, remedy) if _COMMAND_START.match(q)]
     bare = remedy.strip().rstrip(".")
     if _COMMAND_START.match(bare) and "'" not in bare:
         out.append(bare)
@@ -85,6 +87,6 @@ def unquoted_root_mentions(remedy: str) -> list[str]:
     """'spark-memsaver install' written outside quotes and without sudo: an instruction the reader would run
     as themselves and be refused (polkit's auth_admin over SSH). Prose about the program ('spark-memsaver
     rebuilds ...') is not a command and is not matched."""
-    text = re.sub(r"'[^']*'", "''", remedy)
+    text = re.sub(_QUOTED, "''", remedy)
     pat = r"(?<!sudo )\bspark-memsaver (" + "|".join(re.escape(c) for c in ROOT_COMMANDS) + r")\b"
     return [m.group(0) for m in re.finditer(pat, text)]
