@@ -255,6 +255,8 @@ RECORD_SEEDS = {
     "hold": {"by": "rollback", "kernel": "k", "since": "2026-12-01T10:00:00Z", "reason": "r", "schema": 1},
     "source-tree": {"format": 1, "driver": "580.142", "package": "p", "deb_version": "1", "bytes": 5},
     "dkms-tree": {"format": 1, "driver_version": "580.142", "tier": "all", "tier_default": 3, "content_sha256": "00"},
+    "sources-pending": {"format": 1, "drivers": ["580.142"], "kernel": "k", "reason": "r",
+                        "time": "2026-12-01T10:00:00Z"},
 }
 
 

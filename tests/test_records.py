@@ -121,3 +121,27 @@ def test_field_checks():
                 {"op": 3}):
         with pytest.raises(records.BadRecord):
             records.check("intent", bad)
+
+
+def test_a_pending_fetch_record_is_typed(tmp_path):
+    """sources-pending.json (a driver-source fetch deferred past apt) is read by host/records.py's typed reader
+    ("sources-pending"), not parsed by observe/sources on its own: one whose drivers are not a list of versions is
+    not trusted. Before: '"drivers": 5' was taken as a pending fetch, so `status --verbose` stopped with an
+    internal error (TypeError) and the APT door's defer could not add its driver."""
+    from spark_memsaver.act import source_fetch
+    from spark_memsaver.observe import sources as osrc
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    host = Host(root)
+    p = root / "var/cache/spark-memsaver/sources-pending.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    for bad in ('{"format": 1, "drivers": 5, "reason": "x"}', '{"drivers": "580.142"}', '{"drivers": [5]}',
+                '{"format": 1}', '["580.142"]', '{"drivers": ["580.142"], "kernel": 7}', '{"drivers": [', ''):
+        p.write_text(bad)
+        assert osrc.pending(host) is None, bad
+    p.write_text('{"format": 1, "drivers": 5, "reason": "x"}')
+    r = cli("--root", str(root), "status", "--verbose")
+    assert r.returncode in (0, 1) and "internal" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert source_fetch.defer(host, "580.142", sparkroot.SPARK_KERNEL, "apt runs")["drivers"] == ["580.142"]
+    rec = osrc.pending(host)
+    assert rec["drivers"] == ["580.142"] and rec["kernel"] == sparkroot.SPARK_KERNEL and "_path" not in rec
+    assert "Source fetch" in cli("--root", str(root), "status", "--verbose").stdout

@@ -44,12 +44,19 @@ SPECS: dict[str, tuple[dict, dict]] = {
     # a fetched source tree's .spark-memsaver-source.json (act/source_fetch.py publishes it with the tree)
     "source-tree": ({}, {"format": (_I, _N), "driver": _STRS, "package": _STRS, "deb_version": _STRS,
                          "sha256": _STRS, "deb_bytes": (_I, _N), "bytes": (_I, _N), "fetched": _STRS}),
+    # a driver-source fetch the APT/dpkg doors deferred until apt exits (act/source_fetch.defer writes it, the
+    # daemon's timer and status read it; a bad one is ignored: the next defer replaces it, the planner fetches)
+    "sources-pending": ({"drivers": (list,)}, {"format": (_I, _N), "kernel": _STRS, "reason": _STRS,
+                                               "time": _STRS}),
     # the rendered DKMS tree's spark-memsaver.json (act/render.py writes it; a build of 0.1.0's has no build record)
     "dkms-tree": ({"driver_version": (_S,)}, {"format": (_I, _N), "package": _STRS, "dkms_version": _STRS,
                                               "our_version": _STRS, "tier": _STRS, "tier_default": (_I, _S, _N),
                                               "kernels_policy": _STRS, "nvidia_source": _STRS, "patch_id": _STRS,
                                               "signing_record": _STRS, "content_sha256": _STRS}),
 }
+
+# fields that are lists of one type: every item is checked too
+ITEMS = {("sources-pending", "drivers"): _S}
 
 # directories of records of one kind (every *.json in them), and single record files
 DIRS = {"intent": paths.INTENTS, "rollback": paths.ROLLBACKS, "stock": paths.DKMS_STATE,
@@ -81,6 +88,10 @@ def check(kind: str, rec) -> dict:
         if field in rec and not (isinstance(rec[field], types)
                                  and not (isinstance(rec[field], bool) and bool not in types)):
             raise BadRecord(f"field '{field}' is {json.dumps(rec[field])[:40]}, not {_type_names(types)}")
+        item = ITEMS.get((kind, field))
+        if item is not None and field in rec and not all(isinstance(x, item) for x in rec[field]):
+            raise BadRecord(f"field '{field}' is {json.dumps(rec[field])[:40]}, not an array of "
+                            f"{_type_names((item,))}s")
     return rec
 
 

@@ -235,12 +235,10 @@ def layout_for(host: Host, driver_version: str, kernels: list[dict], installed: 
 
 
 def pending(host: Host) -> dict | None:
-    """The fetch a door deferred until apt exits (act/source_fetch.defer), or None."""
-    try:
-        rec = json.loads(host.path(paths.SOURCES_PENDING).read_text())
-        return rec if isinstance(rec, dict) else None
-    except (OSError, ValueError):
-        return None
+    """The fetch a door deferred until apt exits (act/source_fetch.defer), or None (absent, or not a valid
+    "sources-pending" record: host/records.py's typed reader)."""
+    rec = records.one(host, "sources-pending", paths.SOURCES_PENDING)
+    return None if rec is None else {k: v for k, v in rec.items() if not k.startswith("_")}
 
 
 def facts(host: Host, config, driver: dict, kernels: list[dict], entries: list[dict] | None = None) -> dict:
