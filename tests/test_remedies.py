@@ -375,3 +375,16 @@ def test_a_kernel_without_64k_pages_is_never_told_to_set_kernels_all(tmp_path):
     v = policy.verdict(policy.kernel_of(k4, {"CONFIG_ARM64": "y", "CONFIG_ARM64_4K_PAGES": "y"}), Config())
     assert e.value.remedy == inst.policy_remedy(Config(), v) and "kernels: all" not in e.value.remedy
     assert "without 64 KiB pages" in e.value.message
+
+
+def test_no_key_and_bad_table_remedies_name_their_commands():
+    """'Create the signing key first: build once with DKMS ...; or give --cert PATH' and 'Reinstall
+    spark-memsaver' named no command to run (the no-key one is the first screen's Next on a Secure Boot node
+    without a key)."""
+    from spark_memsaver.decide.mok import MokNoKey
+    from spark_memsaver.hazard_table import HazardsInvalid
+    assert {"sudo spark-memsaver install", "sudo spark-memsaver mok enroll",
+            "sudo spark-memsaver mok enroll --cert PATH"} <= set(rm.commands_in(MokNoKey.remedy)), MokNoKey.remedy
+    assert "sudo apt-get install --reinstall spark-memsaver" in rm.commands_in(HazardsInvalid.remedy)
+    for text in (MokNoKey.remedy, HazardsInvalid.remedy):
+        assert all(check_command(c) == [] for c in rm.commands_in(text))

@@ -24,7 +24,8 @@ ARCH_ALIASES = {"aarch64": "aarch64", "arm64": "aarch64", "x86_64": "x86_64", "a
 class HazardsInvalid(MemsaverError):
     code = "hazards-invalid"
     exit_code = EXIT_USAGE
-    remedy = "Reinstall spark-memsaver (the hazards table ships in /usr/share/spark-memsaver/uvm_patch/)."
+    remedy = ("Reinstall spark-memsaver: 'sudo apt-get install --reinstall spark-memsaver' (the hazards table ships "
+              "in /usr/share/spark-memsaver/uvm_patch/).")
 
 
 @dataclasses.dataclass(frozen=True)

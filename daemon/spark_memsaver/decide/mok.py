@@ -30,8 +30,10 @@ class MokNotNeeded(MokError):
 
 class MokNoKey(MokError):
     code = "mok-no-key"
-    remedy = ("Create the signing key first: build once with DKMS (it generates the key pair), or on Ubuntu run "
-              "'sudo update-secureboot-policy --new-key'; or give --cert PATH.")
+    remedy = ("Create the signing key first: run 'sudo spark-memsaver install' (DKMS creates its key pair when it "
+              "signs our module; on Ubuntu also 'sudo update-secureboot-policy --new-key'), then "
+              "'sudo spark-memsaver mok enroll'; or enroll a certificate you have: "
+              "'sudo spark-memsaver mok enroll --cert PATH'.")
 
 
 class MokAlreadyEnrolled(MokError):
