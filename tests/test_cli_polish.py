@@ -165,7 +165,11 @@ def test_status_quiet_code_of_every_state_is_the_help_tables(tmp_path):
         "unverified": sparkroot.make_spark_root(tmp_path / "unverified", uvm_loaded="ours",
                                                 ours_installed="580.142", secure_boot=True),
         "rolled-back": sparkroot.make_spark_root(tmp_path / "rolled"),
+        "not-applicable": sparkroot.make_spark_root(tmp_path / "na", loaded_driver=None, uvm_loaded=None),
     }
+    # no NVIDIA driver at all: no nvidia.ko, no source tree
+    shutil.rmtree(roots["not-applicable"] / f"lib/modules/{K}/kernel/nvidia-580-open")
+    shutil.rmtree(roots["not-applicable"] / "usr/src/nvidia-580.142")
     # a SecureBoot variable without its value byte: the state cannot be read (unknown), ours is loaded
     sparkroot.write(roots["unverified"], f"/sys/firmware/efi/efivars/SecureBoot-{sparkroot.EFI_GLOBAL}",
                     b"\x06\x00\x00\x00")
