@@ -162,6 +162,21 @@ def test_kernel_and_all_are_refused_as_bad_usage(tmp_path, op):
         assert parse(cmd)[0] == op
 
 
+@pytest.mark.parametrize("other", ["--json", "--verbose"])
+def test_status_quiet_with_a_printing_option_is_bad_usage(tmp_path, other):
+    """--quiet prints nothing; --json and --verbose print: together they were accepted and --quiet won silently."""
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    r = cli("--root", str(root), "status", "--quiet", other)
+    if other == "--json":                 # the error itself is JSON when JSON was asked for
+        err = json.loads(r.stdout)["error"]
+        message, remedy = f"error[{err['code']}]: {err['message']}", err["remedy"]
+    else:
+        message, remedy = r.stderr.splitlines()[0], re.search(r"^remedy: (.*)$", r.stderr, re.M).group(1)
+    assert r.returncode == 2 and message == f"error[usage]: --quiet and {other} exclude each other", r
+    cmds = re.findall(r"'([^']+)'", remedy)
+    assert len(cmds) == 2 and all(parse(c)[0] == "status" for c in cmds), remedy
+
+
 def test_install_ends_with_the_next_step():
     from spark_memsaver.report.summary import next_step
     doc = {"state": "installed", "findings": [{"code": "activation-pending", "severity": "info",

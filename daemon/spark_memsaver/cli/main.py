@@ -162,6 +162,12 @@ def _status_help() -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Also show the internals: driver-source drift, the source cache.")
 @click.pass_obj
 def status(obj: Context, as_json: bool, direct: bool, quiet: bool, verbose: bool):
+    if quiet and (as_json or verbose):
+        from spark_memsaver.errors import UsageError
+        other = "--json" if as_json else "--verbose"
+        raise UsageError(f"--quiet and {other} exclude each other",
+                         remedy=f"Give one: 'spark-memsaver status --quiet' for the state as the exit status, or "
+                                f"'spark-memsaver status {other}' to print it.")
     config = obj.config  # validate the config first: a bad file is exit 2
     doc = None
     if not direct and obj.root == "/":
