@@ -33,7 +33,7 @@ from spark_memsaver.host import Host, events, records
 from spark_memsaver import efi as ev
 from spark_memsaver.service import history as hist
 
-N_TARGETS = 11 + len(records.SPECS)      # c_expr 2, c_macros 2, history 2, events 2, efivars 3; a record kind 1
+N_TARGETS = 12 + len(records.SPECS)      # c_expr 2, c_macros 3, history 2, events 2, efivars 3; a record kind 1
 BUDGET_S = float(os.environ.get("SPARK_MEMSAVER_FUZZ_SECONDS", "30")) / N_TARGETS
 PER_INPUT_S = float(os.environ.get("SPARK_MEMSAVER_FUZZ_PER_INPUT_S", "5"))
 CHUNK = settings(max_examples=40, deadline=None, database=None,
@@ -201,9 +201,38 @@ def _macros(args) -> None:
     json.dumps(a.to_dict())
 
 
-@pytest.mark.parametrize("source", ["random", "mutated"])
+@st.composite
+def c_structured(draw) -> str:
+    """Shapes random text seldom reaches, at random sizes up to past every limit: nesting (parentheses, unary
+    operators, casts), #define chains (plain, doubling, squaring, ternary), long literals, `\\` continuation
+    lines, and many #if lines over one chain; used in an #if or as the hazard's macro, before NVIDIA's excerpt.
+    (On the readers before they were bounded this finds RecursionError, ValueError and inputs past the bound.)"""
+    shape = draw(st.sampled_from(["nest", "chain", "literal", "joined", "many"]))
+    n = draw(st.integers(0, {"nest": 3000, "chain": 3000, "literal": 6000, "joined": 500_000, "many": 5000}[shape]))
+    if shape == "nest":
+        unit = draw(st.sampled_from(["(", "!", "-", "~", "+", "(NvU32)", "!(", "-(", "(1 ? ", "(0 || "]))
+        expr = unit * n + "1" + ")" * (unit.count("(") * n)
+    elif shape == "literal":
+        expr = draw(st.sampled_from(["", "0x", "0", "-"])) + draw(st.sampled_from("0179f")) * n + \
+            draw(st.sampled_from(["", "U", "ULL"]))
+    else:
+        body = draw(st.sampled_from(["(D{i})", "(D{i}+D{i})", "(D{i}*D{i})", "D{i} + 1", "(D{i} ? D{i} : 0)",
+                                     "D{i} << 1"]))
+        levels = n if shape == "chain" else min(n, 60)
+        defs = "#define D0 1\n" + "".join(f"#define D{i + 1} " + body.format(i=i) + "\n" for i in range(levels))
+        if shape == "joined":
+            defs += "#define NV_LONG \\\n" + "1 +\\\n" * n + "1\n"
+        if shape == "many":
+            defs += f"#define X 1\n#if D{levels}\n#endif\n" * n
+        expr = f"D{levels}"
+    where = draw(st.sampled_from(["if", "define"]))
+    head = f"#if {expr}\n#endif\n" if where == "if" else f"#define NV_DMA_SUBMAP_MAX_PAGES {expr}\n"
+    return (defs if shape in ("chain", "joined", "many") else "") + head + SEED_H.decode()
+
+
+@pytest.mark.parametrize("source", ["random", "mutated", "structured"])
 def test_fuzz_c_macros_and_hazards(source):
-    text = c_random if source == "random" else text_of(mutated(SEED_H))
+    text = {"random": c_random, "mutated": text_of(mutated(SEED_H)), "structured": c_structured()}[source]
     run_for_budget(f"c_macros+hazards ({source})", _macros, st.tuples(text, st.sampled_from(c_macros.ARM64_PAGE_SIZES)))
 
 
