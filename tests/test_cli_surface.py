@@ -177,6 +177,20 @@ def test_status_quiet_with_a_printing_option_is_bad_usage(tmp_path, other):
     assert len(cmds) == 2 and all(parse(c)[0] == "status" for c in cmds), remedy
 
 
+def test_mok_enroll_dry_run_refuses_both_password_sources(tmp_path):
+    """The real run refuses --password-file with --password-stdin (bad usage); its dry run said it would enroll."""
+    from tests.test_mok import A_VOLATILE, _openssl_cert, efivar, x509_list
+    from tests.test_secure_boot_path import node
+    ours = _openssl_cert(tmp_path, "ours", "/CN=DKMS module signing key").read_bytes()
+    vendor = _openssl_cert(tmp_path, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()
+    root = node(tmp_path / "r", ours, {"MokListRT": efivar(A_VOLATILE, x509_list(vendor))})
+    pw = tmp_path / "pw"
+    pw.write_text("secret\n")
+    assert cli("--root", str(root), "mok", "enroll", "--dry-run").returncode == 0
+    r = cli("--root", str(root), "mok", "enroll", "--password-file", str(pw), "--password-stdin", "--dry-run")
+    assert r.returncode == 2 and "not both" in r.stderr and "would" not in r.stdout, (r.stdout, r.stderr)
+
+
 def test_install_ends_with_the_next_step():
     from spark_memsaver.report.summary import next_step
     doc = {"state": "installed", "findings": [{"code": "activation-pending", "severity": "info",

@@ -105,6 +105,8 @@ def register(cli) -> None:
 
         Exit status: 0 requested (or, with --dry-run, would be); 1 refused (not needed, no key, already
         enrolled/pending, blocked, unknown); 2 bad usage or password; 3 mokutil failed."""
+        if password_file and password_stdin:    # bad usage before anything, --dry-run included
+            raise UsageError("give either --password-file or --password-stdin, not both")
         config = None if cert else obj.config
         if dry_run:                    # the same refusals as the real run, then what it would ask mokutil for
             plan = plan_enrollment(obj.host, config, cert=cert, wait_at_console=wait_at_console,
