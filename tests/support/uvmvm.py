@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,49 @@ def _add_standin(src: Path, tree: Path) -> None:
         fh.write("# nvidia/nvidia.Kbuild's conftest lists (nv-linux.h needs them)\n" + "\n".join(conftests) + "\n")
 
 
+#: r535's uvm_lock.h initialises UVM's locks in static functions, so every UVM mutex (rwsem, spinlock) of a
+#: compilation unit shares one lockdep class: lockdep then reports NVIDIA's own nesting of two va_space mutexes in
+#: uvm_va_space_create() as "possible recursive locking" and switches itself off for the rest of the boot, which
+#: would leave the pool unchecked. r550 and later make these initialisers macros (a class per call site); the test
+#: copy of an older tree gets the same (TEST BUILD ONLY, appended to uvm_lock.h; the product builds NVIDIA's file
+#: as it is). The value: the field that holds the kernel lock.
+LOCK_INITS = {"uvm_mutex_init": "m", "uvm_init_rwsem": "sem", "uvm_spin_lock_init": "lock",
+              "uvm_spin_lock_irqsave_init": "lock", "uvm_rwlock_irqsave_init": "lock"}
+LOCK_GUARD_END = "#endif // __UVM_LOCK_H__"
+
+
+def lockdep_classes(tree: Path) -> list[str]:
+    """Give each lock initialisation site of the test tree its own lockdep class where uvm_lock.h initialises
+    locks in static functions (see LOCK_INITS); returns the initialisers wrapped ([] for r550 and later)."""
+    h = tree / "nvidia-uvm" / "uvm_lock.h"
+    text = h.read_text()
+    wrapped = [f for f in LOCK_INITS if re.search(rf"^static void {f}\(", text, re.M)]
+    if not wrapped:
+        return []
+    if text.count(LOCK_GUARD_END) != 1:
+        raise AssertionError(f"{h}: no single '{LOCK_GUARD_END}' to add the lockdep classes before")
+    block = ["", "/* tests/support/uvmvm.py (TEST BUILD ONLY): a lockdep class per initialisation site, as r550+ */"]
+    for f in wrapped:
+        block.append(f"#define {f}(lock_, order_) do {{ static struct lock_class_key uvm_test_key_; "
+                     f"({f})((lock_), (order_)); lockdep_set_class(&(lock_)->{LOCK_INITS[f]}, &uvm_test_key_); "
+                     "} while (0)")
+    h.write_text(text.replace(LOCK_GUARD_END, "\n".join(block) + "\n\n" + LOCK_GUARD_END))
+    return wrapped
+
+
+#: where NVIDIA's UVM_TEST_MEM_SANITY needs a registered GPU: r535 asks uvm_conf_computing_mode_enabled() about
+#: the VA space's first GPU, a NULL pointer without one (r550+ read g_uvm_global.conf_computing_enabled)
+MEM_NEEDS_GPU = "uvm_conf_computing_mode_enabled(uvm_va_space_find_first_gpu(va_space))"
+
+
+def gpu_free_skips(tree: Path) -> dict[str, str]:
+    """pt_run's GPU-free tests this tree's own code cannot run without a GPU: name -> why (read from the tree)."""
+    mem = tree / "nvidia-uvm" / "uvm_mem_test.c"
+    if mem.exists() and MEM_NEEDS_GPU in mem.read_text():
+        return {"mem": f"uvm_mem_test.c calls {MEM_NEEDS_GPU}: a NULL GPU without one"}
+    return {}
+
+
 def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, inject: int = 0, jobs: int = 2) -> Built:
     """Patched nvidia-uvm.ko + stand-in nvidia.ko for k, in dest (fresh each call). inject: the pool's
     UVM_PT_PACK_FAULT_INJECT (a deliberately broken pool, to show NVIDIA's tests catch it)."""
@@ -92,6 +136,7 @@ def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, inje
                 fh.write(f"CFLAGS_uvm_pt_pack.o += -DUVM_PT_PACK_FAULT_INJECT={inject}\n"
                          f"CFLAGS_nvidia-uvm/uvm_pt_pack.o += -DUVM_PT_PACK_FAULT_INJECT={inject}\n")
     _add_standin(src, tree)
+    lockdep_classes(tree)
     # (no KERNELRELEASE=: NVIDIA's Makefile reads a set KERNELRELEASE as "called by Kbuild"; the tree's own
     # include/config/kernel.release already is k.release)
     t0 = time.time()
@@ -118,6 +163,7 @@ def pt_run(built: Built, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     inc = built.tree
     qemu._run([f"{CROSS}gcc", "-static", "-O2", "-Wall", "-Werror", "-o", dest,
+               *(f"-DPT_RUN_SKIP_{t.upper()}" for t in gpu_free_skips(built.tree)),
                f"-I{inc / 'nvidia-uvm'}", f"-I{inc / 'common/inc'}", KDIR / "pagetree/pt_run.c"])
     return dest
 
@@ -152,6 +198,7 @@ def _entry(k: qemu.Kernel, version: str, inject: int = 0) -> Path:
                      *(REPO / "uvm_patch/patches").rglob("*.patch")]):
         if f.is_file() and f.suffix != ".pyc":
             h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(repr(sorted(LOCK_INITS.items())).encode())   # the test build's own change to older trees
     key = cache_key(k, version, h.hexdigest()[:12]) + (f"-inject{inject}" if inject else "")
     return cache.cache_dir() / "uvmvm" / key
 
