@@ -321,7 +321,7 @@ def test_every_known_hazards_remedy_names_a_runnable_command():
 
 # Instructions written into the code itself ("run 'X'", "recovered by 'X'"), also those that are no named
 # error's class remedy and no finding (a refusal's remedy built on the spot, a message, the guard's log line).
-_INSTRUCTION = re.compile(r"\b(?:[Rr]un|[Rr]ecovered by|[Tt]ry|[Uu]se)\s+'((?:sudo\s+)?[a-z][^']*)'")
+_INSTRUCTION = re.compile(r"\b(?:[Rr]un|[Rr]ecovered by|[Tt]ry|[Uu]se|[Gg]ive one:|or)\s+'((?:sudo\s+)?[a-z][^']*)'")
 
 
 def instructions_without_their_sudo(text: str) -> list[str]:
@@ -333,6 +333,8 @@ def instructions_without_their_sudo(text: str) -> list[str]:
         if not rm._COMMAND_START.match(command):
             continue
         sudo, argv = split(command)
+        if argv[:2] == ["spark-memsaver", "X"]:       # the command itself is a field: judged where it runs
+            continue
         if sudo != rm.needs_root(" ".join(argv)):
             out.append(f"line {text[:m.start()].count(chr(10)) + 1}: {m.group(0)!r}")
     return out
@@ -342,6 +344,8 @@ def test_the_instruction_scan_finds_what_it_should():
     assert instructions_without_their_sudo("or run 'spark-memsaver activate' again") != []
     assert instructions_without_their_sudo("recovered by 'spark-memsaver reconcile'.") != []
     assert instructions_without_their_sudo("Run 'update-initramfs -u -k {kernel}' by hand") != []
+    assert instructions_without_their_sudo("Give one: 'spark-memsaver install --kernel {k}' for that kernel, or "
+                                           "'sudo spark-memsaver install --all'") != []
     assert instructions_without_their_sudo("Run 'sudo spark-memsaver reconcile' and 'spark-memsaver status'") == []
     assert instructions_without_their_sudo("Run 'sudo depmod -a {kernel}' by hand") == []
     assert instructions_without_their_sudo("help=\"Also run 'mokutil --timeout -1': MokManager waits\"") == []
@@ -388,3 +392,17 @@ def test_no_key_and_bad_table_remedies_name_their_commands():
     assert "sudo apt-get install --reinstall spark-memsaver" in rm.commands_in(HazardsInvalid.remedy)
     for text in (MokNoKey.remedy, HazardsInvalid.remedy):
         assert all(check_command(c) == [] for c in rm.commands_in(text))
+
+
+@pytest.mark.parametrize("op", ["install", "remove"])
+def test_kernel_with_all_remedy_carries_sudo_whoever_asks(tmp_path, op):
+    """The executor's own refusal of --kernel with --all (D-Bus callers reach it; the CLI refuses first, with
+    sudo) gave 'spark-memsaver install --kernel K' without sudo."""
+    from spark_memsaver.act import executor
+    from spark_memsaver.errors import UsageError
+    from spark_memsaver.host import Host
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    with pytest.raises(UsageError) as e:
+        executor.perform(op, Host(root), Config(), kernel=sparkroot.SPARK_KERNEL, all_kernels=True)
+    cmds = rm.commands_in(e.value.remedy)
+    assert len(cmds) == 2 and [p for c in cmds for p in check_command(c)] == [], e.value.remedy

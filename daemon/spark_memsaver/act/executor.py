@@ -227,8 +227,10 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
     for k in ([args["kernel"]] if args.get("kernel") else []) + list(args.get("kernels") or []):
         installable.check_kernel(host, k)        # every op that names a kernel: unknown-kernel, exit 2
     if args.get("kernel") and args.get("all_kernels"):
-        raise UsageError("--kernel and --all exclude each other", remedy=f"Give one: 'spark-memsaver {op} --kernel "
-                         f"{args['kernel']}' for that kernel, or 'spark-memsaver {op} --all' for every kernel.")
+        from spark_memsaver import remedy as rm
+        one, every = rm.sm(f"{op} --kernel {args['kernel']}"), rm.sm(f"{op} --all")
+        raise UsageError("--kernel and --all exclude each other",
+                         remedy=f"Give one: '{one}' for that kernel, or '{every}' for every kernel.")
     if args.get("dry_run") and op in ("build", "install", "remove", "rollback"):
         from spark_memsaver.act import dryrun     # the same targets and refusals as the run, nothing written
         return dryrun.plan(op, host, config, **args)
