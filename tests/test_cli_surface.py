@@ -139,6 +139,28 @@ def test_rollback_dry_run_is_the_plan_the_run_follows(tmp_path):
     assert again["steps"] == [] and "nothing to do" in cli("--root", str(root), "rollback", "--dry-run").stdout
 
 
+@pytest.mark.parametrize("state,args", [("stock", ()), ("installed", ()), ("stock", ("--all",)),
+                                        ("installed", ("--kernel", sparkroot.SPARK_KERNEL))])
+def test_remove_dry_run_is_the_plan_the_run_follows(tmp_path, state, args):
+    """remove --dry-run listed 'dkms uninstall and unbuild', 'the recorded stock nvidia-uvm' and initramfs for
+    every kernel, also where nothing of ours was registered and no stock was recorded (the run then only makes
+    the stock one selected again), and not the hold the run writes."""
+    root = sparkroot.make_spark_root(tmp_path / "r", ours_installed="580.142" if state == "installed" else None)
+    plan = json.loads(cli("--root", str(root), "remove", "--dry-run", "--json", *args).stdout)
+    done = json.loads(cli("--root", str(root), "remove", "--json", *args).stdout)
+    by = {}
+    for s in plan["steps"]:
+        by.setdefault(s["action"], []).append(s["kernel"])
+    acted = {"uninstall": [r["kernel"] for r in done["removed"] if r["action"] == "uninstalled"],
+             "unbuild": [r["kernel"] for r in done["removed"] if r["action"] == "unbuilt"],
+             "restore-stock": [r["kernel"] for r in done["restored"]],
+             "depmod": [r["kernel"] for r in done["restored"]],
+             "initramfs": [r["kernel"] for r in done["restored"] if "initramfs" in r]}
+    assert {a: by.get(a, []) for a in acted} == acted, (plan["steps"], done)
+    held = json.loads(cli("--root", str(root), "status", "--json").stdout).get("hold") or {}
+    assert by.get("hold") == [held.get("kernel")] and held.get("by") == "remove", (plan["steps"], held)
+
+
 def test_install_dry_run_plans_or_refuses_as_the_run_does(tmp_path):
     ok = sparkroot.make_spark_root(tmp_path / "ok")
     plan = json.loads(cli("--root", str(ok), "install", "--dry-run", "--json").stdout)

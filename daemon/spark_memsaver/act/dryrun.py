@@ -39,6 +39,35 @@ def _install_steps(host: Host, config: Config, kernel: str, decision: dict) -> l
     return out
 
 
+def _remove_steps(host: Host, config: Config, kernel: str | None, all_kernels: bool) -> list[dict]:
+    """act/executor._remove then act/override.remove, step for step: the hold, then per kernel what DKMS has of
+    ours (uninstall, unbuild), the stock module selected again and verified, initramfs -- or, for a kernel
+    with nothing of ours registered and no stock record, only the stock module selected again."""
+    from spark_memsaver.act import dkms_run, override
+    from spark_memsaver.observe.dkms import installed_version, kernels_of, registered_versions
+    k = None if all_kernels else (kernel or dkms_run.running_kernel(host))     # executor._target
+    steps = [_step("hold", k, f"automation leaves {k or 'every kernel'} on the stock nvidia-uvm until "
+                              "'sudo spark-memsaver install'")]
+    versions = registered_versions(host)
+    if k and not any(k in kernels_of(host, v) or installed_version(host, k) for v in versions) \
+            and not override._stock_record(host, k):
+        return steps + [_step("restore-stock", k, "nothing of ours is registered: any copy of ours left goes"),
+                        _step("depmod", k, "select the stock nvidia-uvm again; verify it is selected")]
+    kernels, _ = override._target_kernels(host, config, k, all_kernels, for_remove=True)
+    for kk in kernels:
+        for v in versions:
+            if installed_version(host, kk) == v:
+                steps.append(_step("uninstall", kk, f"dkms uninstall spark-memsaver-uvm/{v}"))
+            if kk in kernels_of(host, v):
+                steps.append(_step("unbuild", kk, f"dkms unbuild spark-memsaver-uvm/{v}"))
+        rec = override._stock_record(host, kk)
+        steps += [_step("restore-stock", kk, "the recorded stock nvidia-uvm back where the driver package put it, "
+                        "checked by SHA-256" if rec else "no stock record: any copy of ours left goes"),
+                  _step("depmod", kk, "select the stock nvidia-uvm again; verify it is selected"),
+                  _step("initramfs", kk, "update-initramfs -u -k " + kk)]
+    return steps
+
+
 def plan(op: str, host: Host, config: Config, **args) -> dict:
     """The dry-run document of ``op`` (build, install, remove, rollback)."""
     from spark_memsaver.act import override
@@ -57,12 +86,7 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
             d = installable.require(host, config, k, fetch=False)
             steps += _install_steps(host, config, k, d)
     elif op == "remove":
-        kernels, _ = override._target_kernels(host, config, kernel, all_kernels, for_remove=True)
-        for k in kernels:
-            steps += [_step("uninstall", k, "dkms uninstall and unbuild spark-memsaver-uvm"),
-                      _step("restore-stock", k, "the recorded stock nvidia-uvm, checked by SHA-256"),
-                      _step("depmod", k, "select the stock nvidia-uvm again"),
-                      _step("initramfs", k, "update-initramfs -u -k " + k)]
+        steps = _remove_steps(host, config, kernel, all_kernels)
     elif op == "rollback":
         from spark_memsaver.act import rollback as rb
         from spark_memsaver import world
