@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -82,11 +83,15 @@ def test_mok_console_ready_lets_it_pass(playbook):
 
 
 def _on_a_terminal(playbook, answer: str) -> tuple[int, str]:
+    """Run the gate on a pty and type ``answer`` at its prompt. Ansible's pause prints the prompt and only then
+    puts the terminal in raw mode, flushing what was typed (setraw with TCSAFLUSH, tcflush): an answer typed
+    in between is lost, so it is typed again until the play moves on. The play is killed at the deadline."""
     pid, fd = pty.fork()
     if pid == 0:
         env = _env(playbook.parent)
         os.execvpe("ansible-playbook", ["ansible-playbook", "-i", "localhost,", str(playbook)], env)
-    out, sent, deadline = b"", False, time.monotonic() + 300
+    out, sent_at, mark, deadline = b"", None, 0, time.monotonic() + 300
+    moved_on = (b"TASK [", b"PLAY RECAP", b"fatal:")
     while time.monotonic() < deadline:
         r, _, _ = select.select([fd], [], [], 1)
         if r:
@@ -97,9 +102,16 @@ def _on_a_terminal(playbook, answer: str) -> tuple[int, str]:
             if not chunk:
                 break
             out += chunk
-        if not sent and b'Type "ready"' in out and out.rstrip().endswith(b":"):
+        if sent_at is None:
+            type_it = b'Type "ready"' in out and out.rstrip().endswith(b":")
+            mark = len(out)
+        else:   # typed again while the play has not moved on past the prompt
+            type_it = time.monotonic() - sent_at > 5 and not any(m in out[mark:] for m in moved_on)
+        if type_it:
             os.write(fd, answer.encode() + b"\r")
-            sent = True
+            sent_at = time.monotonic()
+    else:
+        os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
 
