@@ -161,6 +161,27 @@ def test_remove_dry_run_is_the_plan_the_run_follows(tmp_path, state, args):
     assert by.get("hold") == [held.get("kernel")] and held.get("by") == "remove", (plan["steps"], held)
 
 
+@pytest.mark.parametrize("held", ["kernel", "all"])
+def test_install_dry_run_names_the_hold_it_ends(tmp_path, held):
+    """install ends the administrator's rollback/remove hold before it acts (automation may act again); its
+    dry run did not say so. The plan's release step is what host/holds.release does on a copy of the root."""
+    import shutil
+
+    from spark_memsaver.host import Host, holds
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    holds.hold(Host(root), "rollback" if held == "kernel" else "remove",
+               sparkroot.SPARK_KERNEL if held == "kernel" else None, "requested")
+    plan = json.loads(cli("--root", str(root), "install", "--dry-run", "--json").stdout)
+    assert plan["steps"][0]["action"] == "release-hold", plan["steps"]
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy, symlinks=True)
+    released = holds.release(Host(copy), sparkroot.SPARK_KERNEL)
+    assert released and all(r in plan["steps"][0]["reason"] for r in released), (plan["steps"][0], released)
+    free = sparkroot.make_spark_root(tmp_path / "free")
+    assert "release-hold" not in [s["action"] for s in json.loads(
+        cli("--root", str(free), "install", "--dry-run", "--json").stdout)["steps"]]
+
+
 def test_install_dry_run_plans_or_refuses_as_the_run_does(tmp_path):
     ok = sparkroot.make_spark_root(tmp_path / "ok")
     plan = json.loads(cli("--root", str(ok), "install", "--dry-run", "--json").stdout)

@@ -81,6 +81,13 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
         if args.get("force") and steps[-1]["reason"].startswith("reuse"):
             steps[-1] = _step("build", k, "rebuild (--force) although an identical build exists")
     elif op == "install":
+        from spark_memsaver.act import dkms_run
+        from spark_memsaver.host import holds
+        target = None if all_kernels else (kernel or dkms_run.running_kernel(host))     # executor._install's
+        released = holds.releasable(host, target)
+        if released:                   # executor._install ends the administrator's hold before it acts
+            steps.append(_step("release-hold", target, "the administrator's hold ends (" + ", ".join(released)
+                               + "): automation may act on it again"))
         kernels, skipped = override._target_kernels(host, config, kernel, all_kernels, for_remove=False)
         for k in kernels:
             d = installable.require(host, config, k, fetch=False)

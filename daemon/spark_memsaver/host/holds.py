@@ -50,6 +50,15 @@ def hold(host: Host, by: str, kernel: str | None, reason: str = "") -> dict:
     return rec
 
 
+def releasable(host: Host, kernel: str | None) -> list[str]:
+    """What :func:`release` would end for ``kernel``, read only (install's dry run says it)."""
+    if kernel is None:
+        return [n[:-5] for n in sorted(host.listdir(paths.HOLDS)) if n.endswith(".json") and not n.startswith(".")]
+    every = _read(host, None)
+    return ([kernel] if host.exists(paths.hold(kernel)) else []) + \
+        ([f"all (for {kernel})"] if every is not None and kernel not in (every.get("released") or []) else [])
+
+
 def release(host: Host, kernel: str | None) -> list[str]:
     """``install`` for ``kernel`` (None: every kernel) ends the hold on it; returns what was released."""
     done = []
