@@ -188,3 +188,39 @@ def test_status_survives_a_deeply_nested_record(tmp_path):
     doc = json.loads(r.stdout)
     (q,) = [f for f in doc["findings"] if f["code"] == "record-quarantined"]
     assert "nested too deeply" in q["message"], q
+
+
+@pytest.mark.dbus
+@pytest.mark.parametrize("name", ["doubling define chain", "400 nested parentheses"])
+def test_the_daemon_answers_getstatus_over_a_hostile_header(tmp_path, name):
+    """spark-memsaverd itself (a private system bus) over the same root: its status child reads the header like
+    `status` does. Before: the child ran until its 600 s timeout (the doubling chain) or failed (RecursionError),
+    and GetStatus answered Busy ("the first status is not ready yet") meanwhile."""
+    from tests.support.privatebus import PrivateSystemBus, names, start_daemon, stop_process
+    from tests.test_dbus import gdbus_call
+    prefix, decided_by, _ = CASES[name]
+    root = node(tmp_path, version="595.45.04", page_size=K64)
+    (root / "usr/src/nvidia-595.45.04/common/inc/nv-linux.h").write_text(prefix + excerpt("595.45.04"))
+    bus = PrivateSystemBus(tmp_path / "bus").start()
+    try:
+        p = start_daemon(bus, "--no-reconcile", "--root", str(root), log_path=tmp_path / "d.log")
+        try:
+            bus.wait_for_name(names.BUS_NAME, timeout=30, proc=p)
+            t0, r = time.monotonic(), None
+            while time.monotonic() - t0 < BOUND_S:
+                r = gdbus_call(bus, "GetStatus")
+                if r.returncode == 0:
+                    break
+                assert "Busy" in r.stderr, r.stderr
+                time.sleep(0.2)
+            assert r is not None and r.returncode == 0, (time.monotonic() - t0, r and r.stderr,
+                                                         (tmp_path / "d.log").read_text()[-2000:])
+        finally:
+            stop_process(p)
+    finally:
+        bus.stop()
+    import ast
+    doc = json.loads(ast.literal_eval(r.stdout.strip())[0])          # gdbus prints ('<json>',)
+    codes = {f["code"]: f for f in doc["findings"]}
+    assert ("hazard-check-failed" in codes) == (decided_by == "version"), sorted(codes)
+    assert "driver-hazard-dma-submap" in codes, sorted(codes)
