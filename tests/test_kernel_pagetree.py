@@ -15,8 +15,9 @@ Cases (kernel x branch):
   NVIDIA trees) on the 64 KiB debug kernel from Debian trixie's linux-source-6.12 (KASAN, PROVE_LOCKING,
   DEBUG_PAGEALLOC, DMA_API_DEBUG, KMEMLEAK, MODVERSIONS: tests/support/debugkernel.py). 64 KiB is where every
   tier shares pages, the default (leaf) included.
-- ``16k-r580`` / ``4k-r580``: Debian trixie's prebuilt 6.12 arm64-16k / arm64 kernels (NVIDIA's own check_sizes
-  fails at 16 KiB with the pool off; at 4 KiB only tier 256 is active).
+- ``16k-r580`` / ``4k-rNNN``: Debian trixie's prebuilt 6.12 arm64-16k / arm64 kernels (NVIDIA's own check_sizes
+  fails at 16 KiB with the pool off; at 4 KiB only tier 256 is active), 4 KiB for every branch (``-k "4k and not
+  64k"``: pytest's -k matches substrings, and "4k-r580" is part of "64k-r580").
 NVIDIA's trees do not compile against Debian's 7.2/7.3 (linux/of_gpio.h is gone), hence 6.12.
 
 All VM tests are `slow`. CI runs 4k-r580 (the whole suite; kernel tree ~4 min, NVIDIA build 6-15 min, VM 1-3
@@ -48,7 +49,8 @@ VERSION = "580.142"
 #: the manifest's branches, the tree each runs (r580 first: the DGX Spark branch)
 BRANCHES = {"r580": "580.142", "r595": "595.45.04", "r590": "590.48.01", "r550": "550.163.01",
             "r535": "535.261.03", "r555": "555.58.02"}
-CASES = [("debug-6.12-64k", b) for b in BRANCHES] + [("debian-6.12-16k", "r580"), ("debian-6.12-4k", "r580")]
+CASES = ([("debug-6.12-64k", b) for b in BRANCHES] + [("debian-6.12-16k", "r580")]
+         + [("debian-6.12-4k", b) for b in BRANCHES])
 SHORT = {"debug-6.12-64k": "64k", "debian-6.12-16k": "16k", "debian-6.12-4k": "4k"}
 TIERS = (0, 1, 2, 3)
 TOKENS = {0: "off", 1: "4k-all", 2: "256", 3: "leaf"}
@@ -101,11 +103,17 @@ def kernel_or_skip(kind: str) -> qemu.Kernel:
         needs.beyond_ci(f"the {kind} kernel", str(e))
 
 
-def build_or_skip(k: qemu.Kernel, version: str, inject: int = 0) -> uvmvm.Built:
-    """The patched build when cached (or opted in, or CI's case), else skip: one more NVIDIA build is ~10-15 min."""
+def build_gate(k: qemu.Kernel, version: str, inject: int = 0) -> None:
+    """Skip unless the patched build is cached (or opted in, or CI's case): one more NVIDIA build is ~5-15 min.
+    Asked before NVIDIA's source is fetched, so that a skipped case downloads nothing."""
     if (k.kind, version, inject) != (*CI_CASE, 0) and not uvmvm.is_cached(k, version, inject) and not _opted_in():
         needs.beyond_ci(f"NVIDIA {version} built for {k.release}",
                         f"not cached for these sources; {ALL_ENV}=1 builds it (5-15 min on 2 cores, beyond CI's share)")
+
+
+def build_or_skip(k: qemu.Kernel, version: str, inject: int = 0) -> uvmvm.Built:
+    """The patched build when cached (or opted in, or CI's case), else skip (build_gate)."""
+    build_gate(k, version, inject)
     return uvmvm.cached_build(k, version, inject)
 
 
@@ -117,6 +125,7 @@ def vm(request, tmp_path_factory):
     # the kernel first: where it is not cached (the 64 KiB debug kernel in CI, always) the case skips before
     # anything is downloaded or unpacked for it
     k = kernel_or_skip(kind)
+    build_gate(k, version)                  # a case beyond CI's share skips here, before any source is fetched
     nvsrc.nvidia_source(version)            # Debian's archive or the shared trees (a failure under tools/test if absent)
     t0 = time.time()
     built = build_or_skip(k, version)

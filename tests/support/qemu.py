@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import functools
 import os
 import re
 import shutil
@@ -168,6 +169,7 @@ def debug_kernel_64k(series: str = "7.") -> Kernel:
     return debugkernel.debug_kernel(series)
 
 
+@functools.lru_cache(maxsize=None)
 def debian_kernel(flavour: str, major: str = "7.") -> Kernel:
     """flavour: 'arm64' (4 KiB pages) or 'arm64-16k'; major: the version prefix to pick the newest of."""
     opts = _apt()
