@@ -106,3 +106,24 @@ def test_next_on_a_held_node_is_the_holds_resume(tmp_path, by):
                             f"by {what})."), rows
     from spark_memsaver.report.summary import next_step
     assert next_step(doc) == rows["Next"]
+
+
+@pytest.mark.parametrize("why", ["disabled", "predicates-unmet"])
+def test_inactive_node_gains_nothing_now_and_is_not_sent_to_validate(tmp_path, why):
+    """Ours loaded but packing nothing (uvm_pt_pack=0, or a GPU that does not qualify): the first screen said
+    '0.00 GiB saved now (measured ...)' and 'Next: run validate'. It says packing is not on, what it would give,
+    and the inactive finding's step."""
+    stats = sparkroot.stats_text(tier="off", packed=0, t256=0, t4k=0) if why == "disabled" else \
+        sparkroot.stats_text(packed=0, unpacked=2, t256=0, t4k=0)
+    root = sparkroot.make_spark_root(tmp_path / why, uvm_loaded="ours", ours_installed="580.142", stats=stats)
+    rows = first(status(root))
+    assert rows["State"] == "inactive", rows
+    assert "saved now" not in rows["Gain"] and "nothing now" in rows["Gain"] and "estimate" in rows["Gain"], rows
+    assert "validate" not in rows["Next"] and "validated" not in rows["Risk"], rows
+    finding = "packing-disabled" if why == "disabled" else "packing-predicates-unmet"
+    import json
+    doc = json.loads(status(root, "--json"))
+    remedy = next(f["remedy"] for f in doc["findings"] if f["code"] == finding)
+    assert rows["Next"] == remedy, (rows, remedy)
+    if why == "disabled":         # it named no command ("Remove the uvm_pt_pack=0 option and reload the module.")
+        assert "'sudo modprobe -r nvidia_uvm && sudo modprobe nvidia_uvm'" in remedy, remedy

@@ -289,7 +289,12 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
             return Verdict("needs-attention", f)
         if packing.get("tier") == "off":
             f.append(Finding("packing-disabled", "info", "Our nvidia-uvm is loaded with packing turned off "
-                             "(uvm_pt_pack=0).", "Remove the uvm_pt_pack=0 option and reload the module."))
+                             "(uvm_pt_pack=0).",
+                             "Remove uvm_pt_pack=0 where it is set (an 'options nvidia_uvm' line under "
+                             "/etc/modprobe.d/, "
+                             "or nvidia_uvm.uvm_pt_pack=0 on the kernel command line), then reboot, or reload "
+                             "nvidia-uvm while no CUDA work runs: 'sudo modprobe -r nvidia_uvm && sudo modprobe "
+                             "nvidia_uvm'."))
             return Verdict("inactive", f)
         if packing.get("trees_packed", 0) == 0 and packing.get("trees_unpacked", 0) > 0:
             f.append(Finding("packing-predicates-unmet", "warning",

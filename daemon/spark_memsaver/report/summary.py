@@ -21,8 +21,10 @@ def _gib(n) -> str:
 
 
 def _packing(doc: dict) -> bool:
-    """Ours is loaded and its counters read: the figures are measured (active, or unverified while loaded)."""
-    return (doc.get("memory") or {}).get("saved") is not None and doc.get("state") != "not-applicable"
+    """Ours is loaded, packs, and its counters read: the figures are measured (active, or unverified while
+    loaded). Inactive is loaded and packs nothing (uvm_pt_pack=0, or a GPU that does not qualify)."""
+    return (doc.get("memory") or {}).get("saved") is not None and doc.get("state") not in ("not-applicable",
+                                                                                            "inactive")
 
 
 def _page_size(doc: dict) -> int | None:
@@ -41,6 +43,9 @@ def gain(doc: dict) -> str | None:
     ps = _page_size(doc)
     if ps and ps != 65536:
         return f"nothing measurable: with {ps // 1024} KiB pages a page table already costs little"
+    if state == "inactive":
+        return (f"nothing now: our nvidia-uvm is loaded but packs nothing (the finding below says why); about "
+                f"{SEED_SAVED_GIB} GiB once it packs (estimate from {SEED_BASIS})")
     return f"about {SEED_SAVED_GIB} GiB of usable memory (estimate from {SEED_BASIS}); measured here once active"
 
 
@@ -97,7 +102,7 @@ def next_step(doc: dict) -> str | None:
         if not remedy or remedy.lower().startswith("nothing to do"):
             continue
         if f.get("severity") == "info" and f.get("code") not in ("stock", "activation-pending",
-                                                                 "driver-source-fetchable"):
+                                                                 "driver-source-fetchable", "packing-disabled"):
             continue
         return remedy
     if _packing(doc) and not _validated(doc):
