@@ -249,7 +249,7 @@ def every_finding_code() -> set[str]:
     return codes
 
 
-DRY = {"install", "build", "remove", "rollback", "activate", "reconcile"}
+DRY = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel"}   # --dry-run
 
 
 def test_remedy_walk_on_fixture_roots(roots):
@@ -263,13 +263,15 @@ def test_remedy_walk_on_fixture_roots(roots):
             cmds = rm.commands_in(f["remedy"])
             seen.append((state, f["code"], cmds))
             problems += [f"{state}/{f['code']}: '{m}' unquoted" for m in rm.unquoted_root_mentions(f["remedy"])]
-            for c in cmds:
+            first = True       # the remedy's first step acts in this state; a later one follows from it
+            for c in cmds:     # ("install ..., then mok enroll": enroll has no key to enroll until install)
                 problems += [f"{state}/{f['code']}: {p}" for p in check_command(c)]
                 _, argv = split(c)
                 if argv[:1] != ["spark-memsaver"]:
                     continue
                 path, _ = parse(c)
-                if path in DRY:
+                if path in DRY and first:
+                    first = False
                     r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), *argv[1:],
                                         "--dry-run"], capture_output=True, text=True, env=ENV, timeout=120)
                     if r.returncode != 0:
