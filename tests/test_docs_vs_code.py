@@ -195,3 +195,16 @@ def test_readme_usage_lines_run_as_written():
         sudo, argv = split(cmd)
         parse(" ".join(["sudo"] * sudo + argv))
         assert sudo == remedy.needs_root(" ".join(argv)), line
+
+
+def test_secure_boot_state_table_remedies_run_as_written():
+    """docs/secure-boot.md's States table: each command of the remedy column carries sudo exactly where the
+    tool's own remedy does (it said `spark-memsaver mok enroll`, `mokutil --revoke-delete`)."""
+    from spark_memsaver import remedy
+    from tests.test_remedies import check_command
+    text = (REPO / "docs/secure-boot.md").read_text().split("## States", 1)[1].split("\n\n", 2)[1]
+    rows = [ln.split("|")[1:-1] for ln in text.splitlines() if ln.startswith("| `")]
+    assert len(rows) >= 8, rows
+    cmds = [c for row in rows for c in re.findall(r"`([^`]+)`", row[-1])
+            if remedy._COMMAND_START.match(c)]
+    assert len(cmds) >= 3 and [p for c in cmds for p in check_command(c)] == [], cmds
