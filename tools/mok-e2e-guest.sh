@@ -10,7 +10,8 @@ K=$(uname -r)
 sm() { /usr/bin/python3 -m spark_memsaver "$@"; }
 mount -t tmpfs mods /usr/lib/modules
 mkdir -p /lib/modules/$K/kernel/drivers/video /lib/modules/$K/updates/dkms /etc/modprobe.d /etc/spark-memsaver \
-	/run/spark-memsaver /var/lib
+	/run/spark-memsaver /var/lib/spark-memsaver
+mount --bind /e2e/state /var/lib/spark-memsaver     # the request record of boot 1, read after the reboot
 cp /e2e/nvidia.ko /e2e/nvidia-uvm-stock.ko /lib/modules/$K/kernel/drivers/video/
 mv /lib/modules/$K/kernel/drivers/video/nvidia-uvm-stock.ko /lib/modules/$K/kernel/drivers/video/nvidia-uvm.ko
 cp /e2e/nvidia-uvm-ours.ko /lib/modules/$K/updates/dkms/nvidia-uvm.ko
@@ -26,7 +27,8 @@ cp /run/spark-memsaver/guard.log /e2e/guard-$p.log 2>/dev/null
 dmesg | grep -E 'spark-memsaver-guard|Loading of module|standin|Loaded X.509' > /e2e/dmesg-$p.txt
 echo "E2E: phase $p modprobe rc=$(cat /e2e/modprobe-$p.rc) loaded=$(cat /e2e/variant-$p.txt)"
 if [ "$p" = 1 ]; then
-	printf '%s\n' "$(cat /e2e/password)" | sm mok enroll --password-stdin --wait-at-console --json \
+	# shellcheck disable=SC2046 # --wait-at-console, or --console-timeout 5 (tools/mok-e2e --missed-prompt)
+	printf '%s\n' "$(cat /e2e/password)" | sm mok enroll --password-stdin $(cat /e2e/enroll-args) --json \
 		> /e2e/enroll.json 2>/e2e/enroll.err; echo $? > /e2e/enroll.rc
 	rm -f /e2e/password
 	echo "E2E: enroll rc=$(cat /e2e/enroll.rc)"
