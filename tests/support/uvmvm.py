@@ -13,6 +13,12 @@ uvm_ioctl.h / uvm_linux_ioctl.h / uvm_test_ioctl.h (include paths; nothing copie
 
 ``initramfs(built, runner, dest)``: busybox + tests/kernel/pagetree/init.sh + the two modules + pt_run.
 
+``build(..., race=True)`` (TEST BUILD ONLY, its own cache entry ``...-race``): tests/kernel/pagetree/pt_race.c
+inserted into the copy's uvm_page_tree_test.c, run by uvm_test_page_tree() instead of NVIDIA's suite when the
+module parameter uvm_pt_pack_test_race_threads is > 0 (N kthreads race NVIDIA's get_ptes / alloc_table /
+put_ptes on one fake-GPU tree), and one counting statement in each of the copy's uvm_mmu.c paths it is about
+(RACE_EDITS). Never shipped: tests/test_kernel_pagetree.py checks the apply output and the DKMS tree for RACE_MARKER.
+
 NVIDIA's trees come from tests/support/nvsrc.py (Debian's archive, or a ``git archive`` export of
 github NVIDIA/open-gpu-kernel-modules into the cache: ``python3 tests/support/nvsrc.py git-export CLONE TAG``).
 """
@@ -41,6 +47,28 @@ KDIR = REPO / "tests" / "kernel"
 SWITCH = "UVM_PT_PACK_TEST_FAKE_GPU"
 #: a string only the switch compiles in (uvm_pt_pack.c); its absence from a module proves the switch is off
 SWITCH_MARKER = b"test_fake_gpu_build"
+RACE_SRC = KDIR / "pagetree" / "pt_race.c"
+#: the race variant's module parameter; in no product file, and in no module but the race variant's
+RACE_MARKER = b"uvm_pt_pack_test_race_threads"
+_HIT = "uvm_pt_race_hit"
+#: (file in nvidia-uvm/, anchor, replacement): each anchor must occur exactly once in the patched copy. The
+#: uvm_mmu.c ones only count (pt_race.c's uvm_pt_race_hit): the retry of uvm_page_tree_get_ptes_async() (the
+#: lock dropped to allocate a directory), a directory so allocated found unused and freed (another thread
+#: inserted one first), uvm_page_tree_alloc_table()'s should_free.
+RACE_EDITS = (
+    ("uvm_mmu.c", '#include "uvm_mmu.h"\n',
+     f'#include "uvm_mmu.h"\nvoid {_HIT}(int what); /* TEST BUILD ONLY (tests/support/uvmvm.py, race) */\n'),
+    ("uvm_mmu.c", "                    return NV_ERR_MORE_PROCESSING_REQUIRED;\n",
+     f"                    {_HIT}(0);\n                    return NV_ERR_MORE_PROCESSING_REQUIRED;\n"),
+    ("uvm_mmu.c", "            if (j == used_count) {\n",
+     f"            if (j == used_count) {{\n                {_HIT}(1);\n"),
+    ("uvm_mmu.c", "        should_free = true;\n", f"        should_free = true;\n        {_HIT}(2);\n"),
+    ("uvm_page_tree_test.c", "    if (!g_uvm_global.ats.enabled)\n",
+     "    if (uvm_pt_pack_test_race_threads > 0) {\n        status = pt_race_run(gpu);\n        goto done;\n    }\n"
+     "    if (!g_uvm_global.ats.enabled)\n"),
+    ("uvm_page_tree_test.c", "NV_STATUS uvm_test_page_tree(UVM_TEST_PAGE_TREE_PARAMS *params, struct file *filp)\n",
+     "@RACE_SRC@NV_STATUS uvm_test_page_tree(UVM_TEST_PAGE_TREE_PARAMS *params, struct file *filp)\n"),
+)
 CROSS = qemu.CROSS
 MAKEARCH = ["ARCH=arm64", f"CROSS_COMPILE={CROSS}", f"CC={CROSS}gcc", f"LD={CROSS}ld", f"OBJDUMP={CROSS}objdump"]
 
@@ -117,9 +145,23 @@ def gpu_free_skips(tree: Path) -> dict[str, str]:
     return {}
 
 
-def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, inject: int = 0, jobs: int = 2) -> Built:
+def add_race(uvm_dir: Path) -> None:
+    """The race variant's edits (RACE_EDITS) to a patched nvidia-uvm/ directory; a missing or repeated anchor
+    (another NVIDIA tree) is an error naming it."""
+    for name, anchor, new in RACE_EDITS:
+        f = uvm_dir / name
+        text = f.read_text()
+        if text.count(anchor) != 1:
+            raise AssertionError(f"{f}: the race variant's anchor {anchor.strip()!r} occurs {text.count(anchor)} times")
+        src = f"/* ---- tests/kernel/pagetree/pt_race.c (TEST BUILD ONLY) ---- */\n{RACE_SRC.read_text()}\n"
+        f.write_text(text.replace(anchor, new.replace("@RACE_SRC@", src)))
+
+
+def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, inject: int = 0, race: bool = False,
+          jobs: int = 2) -> Built:
     """Patched nvidia-uvm.ko + stand-in nvidia.ko for k, in dest (fresh each call). inject: the pool's
-    UVM_PT_PACK_FAULT_INJECT (a deliberately broken pool, to show NVIDIA's tests catch it)."""
+    UVM_PT_PACK_FAULT_INJECT (a deliberately broken pool, to show NVIDIA's tests catch it). race: add the
+    page-tree race (add_race)."""
     src = nvidia_tree(version)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -135,6 +177,8 @@ def build(k: qemu.Kernel, version: str, dest: Path, *, switch: bool = True, inje
             if inject:
                 fh.write(f"CFLAGS_uvm_pt_pack.o += -DUVM_PT_PACK_FAULT_INJECT={inject}\n"
                          f"CFLAGS_nvidia-uvm/uvm_pt_pack.o += -DUVM_PT_PACK_FAULT_INJECT={inject}\n")
+    if race:
+        add_race(tree / "nvidia-uvm")
     _add_standin(src, tree)
     lockdep_classes(tree)
     # (no KERNELRELEASE=: NVIDIA's Makefile reads a set KERNELRELEASE as "called by Kbuild"; the tree's own
@@ -189,9 +233,10 @@ def cache_key(k: qemu.Kernel, version: str, digest: str) -> str:
     return f"{version}-{k.kind}-{k.release}-{digest}"
 
 
-def _entry(k: qemu.Kernel, version: str, inject: int = 0) -> Path:
+def _entry(k: qemu.Kernel, version: str, inject: int = 0, race: bool = False) -> Path:
     """The cache entry of build(k, version) for the current inputs: our files that go into the modules (the pool,
-    the branch patches, the stand-in); a change to any of them is a new entry."""
+    the branch patches, the stand-in; the race variant's source and edits too, in its own entries only); a change
+    to any of them is a new entry."""
     import hashlib
     h = hashlib.sha256()
     for f in sorted([*(REPO / "uvm_patch/src").iterdir(), *(KDIR / "standin-rm").iterdir(),
@@ -199,21 +244,23 @@ def _entry(k: qemu.Kernel, version: str, inject: int = 0) -> Path:
         if f.is_file() and f.suffix != ".pyc":
             h.update(f.name.encode() + b"\0" + f.read_bytes())
     h.update(repr(sorted(LOCK_INITS.items())).encode())   # the test build's own change to older trees
-    key = cache_key(k, version, h.hexdigest()[:12]) + (f"-inject{inject}" if inject else "")
+    if race:
+        h.update(b"race\0" + RACE_SRC.read_bytes() + repr(RACE_EDITS).encode())
+    key = cache_key(k, version, h.hexdigest()[:12]) + (f"-inject{inject}" if inject else "") + ("-race" if race else "")
     return cache.cache_dir() / "uvmvm" / key
 
 
-def is_cached(k: qemu.Kernel, version: str, inject: int = 0) -> bool:
-    return (_entry(k, version, inject) / ".ready").exists()
+def is_cached(k: qemu.Kernel, version: str, inject: int = 0, race: bool = False) -> bool:
+    return (_entry(k, version, inject, race) / ".ready").exists()
 
 
-def cached_build(k: qemu.Kernel, version: str, inject: int = 0) -> Built:
+def cached_build(k: qemu.Kernel, version: str, inject: int = 0, race: bool = False) -> Built:
     """build() once per (kernel, version, inputs) under the cache (see _entry)."""
-    base = _entry(k, version, inject)
+    base = _entry(k, version, inject, race)
     stamp = base / ".ready"
     with cache.locked(f"uvmvm-{base.name}"):
         if not stamp.exists():
-            b = build(k, version, base / "b", inject=inject)
+            b = build(k, version, base / "b", inject=inject, race=race)
             stamp.write_text(f"{b.seconds:.0f}\n")
     secs = float(stamp.read_text())
     tree = base / "b" / "nv"

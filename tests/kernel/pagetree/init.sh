@@ -3,14 +3,17 @@
 # patched nvidia-uvm.ko once per tier with uvm_enable_builtin_tests=1, NVIDIA's UVM_TEST_PAGE_TREE through
 # /pt_run, NVIDIA's GPU-free built-in tests (tiers in GF_TIERS, default all), the pool's counters after each
 # load; then kmemleak scans where the kernel has kmemleak, and power off.
-# Kernel command line (passed on to init): PT_TIERS="2" (tiers to run), GF_TIERS="" (none).
+# Kernel command line (passed on to init): PT_TIERS="2" (tiers to run; "2,3" for several), GF_TIERS="" (none),
+# RACE_THREADS=8 [RACE_ITERS=n RACE_SECS=s]: the race variant's parameters (tests/kernel/pagetree/pt_race.c:
+# UVM_TEST_PAGE_TREE then runs the page-tree race instead of NVIDIA's suite).
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 echo "VM-BOOTED kernel=$(uname -r) page_size=$(getconf PAGESIZE 2>/dev/null)"
 insmod /nvidia.ko; echo "NVIDIA-LOAD rc=$?"
-for t in ${PT_TIERS:-0 1 2 3}; do
-	insmod /nvidia-uvm.ko uvm_pt_pack=$t uvm_enable_builtin_tests=1; echo "UVM-LOAD tier=$t rc=$?"
+race=${RACE_THREADS:+uvm_pt_pack_test_race_threads=$RACE_THREADS uvm_pt_pack_test_race_iters=${RACE_ITERS:-2000} uvm_pt_pack_test_race_secs=${RACE_SECS:-300}}
+for t in $(echo "${PT_TIERS:-0 1 2 3}" | tr , ' '); do
+	insmod /nvidia-uvm.ko uvm_pt_pack=$t uvm_enable_builtin_tests=1 $race; echo "UVM-LOAD tier=$t rc=$?"
 	major=$(awk '$2 == "nvidia-uvm" {print $1}' /proc/devices)
 	rm -f /dev/nvidia-uvm; [ -n "$major" ] && mknod /dev/nvidia-uvm c "$major" 0
 	s=$(cut -d. -f1 /proc/uptime)
