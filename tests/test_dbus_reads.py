@@ -21,6 +21,7 @@ from spark_memsaver import config as cfg
 from spark_memsaver.host import Host
 from spark_memsaver.service import auth, names
 from spark_memsaver.service.monitor import Monitor, pack
+from tests.support import sparkroot
 from tests.test_dbus import NOBODY, bus, daemon, gdbus_call, spark  # noqa: F401  (module fixtures)
 
 pytestmark = pytest.mark.dbus
@@ -109,3 +110,23 @@ def test_read_limiter_buckets():
     assert all(lim.allow(":1.5", 0) for _ in range(50))          # root
     assert lim.allow(":1.6", 1000) and lim.allow(":1.7", 1000)   # the table stays at 2 senders
     assert len(lim._b) == 2
+
+
+def test_get_events_reads_the_one_lifecycle_log(daemon, bus, spark):  # noqa: F811
+    """GetEvents answers from host/events.py's log, what `spark-memsaver events` prints: read at each call (a line
+    written after the daemon started is there), since and limit applied, a bad since refused."""
+    from spark_memsaver.host import events
+    host = Host(str(spark))
+    assert events.note(host, "rolled-back", kernel=sparkroot.SPARK_KERNEL, reason="GPU fault", code="requested")
+    assert events.record(host, "rollback", {"kernel": sparkroot.SPARK_KERNEL, "reason": "GPU fault"}, result={"ok": True})
+    want = events.read(host)
+    r = gdbus_call(bus, "GetEvents", "0", "0", user="nobody")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(ast.literal_eval(r.stdout.strip())[0])
+    assert rows == want[-100:] and [e["op"] for e in rows[-2:]] == ["rolled-back", "rollback"]
+    r = gdbus_call(bus, "GetEvents", "0", "1", user="nobody")
+    assert json.loads(ast.literal_eval(r.stdout.strip())[0]) == want[-1:]
+    r = gdbus_call(bus, "GetEvents", str(time.time() + 3600), "0")
+    assert r.returncode == 0 and "'[]'" in r.stdout, r.stdout
+    r = gdbus_call(bus, "GetEvents", "inf", "2", user="nobody")
+    assert names.ERROR_PREFIX + "InvalidArgument" in r.stderr, r.stderr

@@ -6,6 +6,7 @@ import calendar
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,38 @@ def test_counters_format_2_and_format_1_speak_one_vocabulary():
     assert parse_stats(f2.replace("tier leaf", "tier 4k-all"))["tier"] == "4k-all"
     with pytest.raises(CountersError):
         parse_stats(f2.replace("format 2", "format 3"))
+
+
+def test_the_last_operations_come_from_the_one_lifecycle_log(tmp_path):
+    """spark_memsaver_last_operation_timestamp_seconds{op,result}: read from host/events.py's log, what
+    `spark-memsaver events` and D-Bus GetEvents read -- the newest of each kind and result; steps, hook runs and
+    rollback records in the log are not operations; every kind and result is a series (0 when none is kept). The
+    daemon's textfile (service/monitor.py) reads the log again only when it changed."""
+    from spark_memsaver.host import Host, events
+    from spark_memsaver.service.monitor import Monitor
+    from spark_memsaver.config import Config
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    log = root / "var/lib/spark-memsaver/events.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"time": "2026-12-01T10:00:00Z", "op": "install", "ok": True, "kernel": "k"},
+            {"time": "2026-12-01T11:00:00Z", "op": "install", "ok": True, "kernel": "k"},
+            {"time": "2026-12-01T12:00:00Z", "op": "step", "action": "remove-override", "ok": True},
+            {"time": "2026-12-01T12:00:01Z", "op": "rolled-back", "kernel": "k", "reason": "GPU fault"},
+            {"time": "2026-12-01T12:00:02Z", "op": "rollback", "ok": False, "error": {"code": "x", "message": "m"}}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = metrics("--root", str(root))
+    check_exposition(text)
+    s = parse_exposition(text)
+    t = lambda x: float(calendar.timegm(time.strptime(x, "%Y-%m-%dT%H:%M:%SZ")))  # noqa: E731
+    assert one(s, "spark_memsaver_last_operation_timestamp_seconds", op="install", result="ok") == \
+        t("2026-12-01T11:00:00Z")
+    assert one(s, "spark_memsaver_last_operation_timestamp_seconds", op="rollback", result="failed") == \
+        t("2026-12-01T12:00:02Z")
+    assert one(s, "spark_memsaver_last_operation_timestamp_seconds", op="rollback", result="ok") == 0.0
+    assert len(s["spark_memsaver_last_operation_timestamp_seconds"]) == 2 * len(events.KINDS)
+    m = Monitor(Host(str(root)), Config(), on_sample=lambda x: None, on_module_event=lambda a, b: None,
+                on_paths_changed=lambda p: None)
+    first = m._events()
+    assert [e["op"] for e in first] == [r["op"] for r in rows] and m._events() is first    # not read again
+    events.record(Host(str(root)), "rollback", {"kernel": "k"}, result={"ok": True})
+    assert m._events()[-1]["op"] == "rollback" and m._events()[-1]["ok"] is True

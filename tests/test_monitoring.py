@@ -41,6 +41,8 @@ STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
 SB_STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete", "blocked",
              "unknown")
 SEVERITIES = ("info", "warning", "error")
+OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install", "enroll",
+       "enroll-delete")                # host/events.py KINDS: the operations of the lifecycle event log
 
 #: name -> (type, label names). The contract with the Python side (monitoring/README.md lists the same).
 METRICS = {
@@ -57,6 +59,7 @@ METRICS = {
     "spark_memsaver_held_since_seconds": ("gauge", ()),
     "spark_memsaver_findings": ("gauge", ("severity",)),
     "spark_memsaver_last_sample_timestamp_seconds": ("gauge", ()),
+    "spark_memsaver_last_operation_timestamp_seconds": ("gauge", ("op", "result")),
 }
 
 
@@ -90,6 +93,7 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_held_since_seconds": "Unix time the hold was recorded, 0 if none.",
         "spark_memsaver_findings": "Findings of the last status by severity.",
         "spark_memsaver_last_sample_timestamp_seconds": "Unix time of the last sample.",
+        "spark_memsaver_last_operation_timestamp_seconds": "Unix time of the last operation by kind and result.",
     }
     values = {
         "spark_memsaver_info": [(f'version="0.1.0",{lab},state="{state}"', 1)],
@@ -105,6 +109,8 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_held_since_seconds": [("", 0)],
         "spark_memsaver_findings": [(f'severity="{s}"', n) for s, n in zip(SEVERITIES, findings)],
         "spark_memsaver_last_sample_timestamp_seconds": [("", round(now, 3))],
+        "spark_memsaver_last_operation_timestamp_seconds": [(f'op="{o}",result="{r}"', 0) for o in OPS
+                                                            for r in ("ok", "failed")],
     }
     out = []
     for name, (typ, _labels) in METRICS.items():

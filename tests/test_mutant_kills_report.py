@@ -128,7 +128,17 @@ def test_metrics_exposition_is_exactly_the_documented_one():
     its alert rules and dashboard read it: names, HELP and TYPE lines, labels in order, every state series
     present (0 or 1), the sample's figures over the document's (kills: every name, help text, label and value
     rule of exposition())."""
+    from spark_memsaver.host.events import KINDS
     from spark_memsaver.report.metrics import SECURE_BOOT_STATES, STATES, exposition
+    # the lifecycle log: the newest of each operation and result; a step, a record or a line without ok is none
+    events = [{"time": "2026-12-01T10:00:00Z", "op": "install", "ok": True},
+              {"time": "2026-12-01T11:00:00Z", "op": "install", "ok": True},
+              {"time": "2026-12-01T09:00:00Z", "op": "install", "ok": True},
+              {"time": "2026-12-01T12:00:00Z", "op": "rollback", "ok": False},
+              {"time": "2026-12-01T13:00:00Z", "op": "step", "action": "remove-override", "ok": True},
+              {"time": "2026-12-01T14:00:00Z", "op": "rolled-back", "kernel": "k"},
+              {"time": "2026-12-01T15:00:00Z", "op": "build", "ok": 1}]
+    last = {("install", "ok"): 1796122800, ("rollback", "failed"): 1796126400}
     common = '{driver="580.142",kernel="6.14.0-1015-nvidia-64k",tier="leaf"}'
     want = (
         _family("info", "gauge", "spark-memsaver on this node (value 1; the labels carry the facts).",
@@ -152,6 +162,9 @@ def test_metrics_exposition_is_exactly_the_documented_one():
                   "(until `spark-memsaver install`), by origin; else 0.", '{by="rollback"} 0', '{by="remove"} 1')
         + _family("held_since_seconds", "gauge", "Unix time the running kernel's hold was recorded; 0 if none.",
                   " 1796169600")
+        + _family("last_operation_timestamp_seconds", "gauge", "Unix time of the last finished operation of each "
+                  "kind in the lifecycle event log, by result (ok, failed); 0 if none is kept.",
+                  *(f'{{op="{op}",result="{r}"}} {last.get((op, r), 0)}' for op in KINDS for r in ("ok", "failed")))
         + _family("findings", "gauge", "Findings of the last status, by severity.",
                   '{severity="info"} 0', '{severity="warning"} 2', '{severity="error"} 1')
         + _family("pagetable_backing_bytes", "gauge", "Bytes backing GPU page tables at the last sample.", " 300")
@@ -163,7 +176,7 @@ def test_metrics_exposition_is_exactly_the_documented_one():
                   " 5.25"))
     got = exposition(METRICS_DOC, sample_time=5.25, sample={
         "backing_bytes": 300, "saved_bytes": 2000, "packing_active": False, "stock_bytes": 2300, "mem_total": 10,
-        "mem_available": 5})
+        "mem_available": 5}, events=events)
     assert got.split("\n") == want + [""]
     assert STATES == ("not-applicable", "stock", "built", "installed", "active", "inactive", "rolled-back",
                       "needs-attention", "unverified")

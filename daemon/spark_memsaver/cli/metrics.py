@@ -19,8 +19,10 @@ def register(cli) -> None:
         from spark_memsaver.report.document import status_of as run_status
         from spark_memsaver.report.metrics import exposition
 
+        from spark_memsaver.host import events
+
         doc, _ = run_status(obj.host, obj.config)
-        text = exposition(doc)
+        text = exposition(doc, events=events.read(obj.host))
         if output is None:
             click.echo(text, nl=False)
             return 0

@@ -214,6 +214,11 @@ def _line_time(raw: bytes) -> float:
     return -1.0 if t is None else t
 
 
+def as_json(host, since: float | None = None, limit: int = 100) -> str:
+    """The newest ``limit`` events at or after ``since``, oldest first, as JSON (D-Bus GetEvents)."""
+    return json.dumps(read(host, since)[-limit:] if limit > 0 else [])
+
+
 def read(host, since: float | None = None) -> list[dict]:
     """Every whole, parsable event, oldest first (``since``: epoch seconds)."""
     return read_counted(host, since)[0]
@@ -279,10 +284,9 @@ def _well_formed(ev) -> bool:
 
 
 def _epoch(t) -> float | None:
-    """Epoch seconds of an event's UTC time; None unless it is one, between the epoch and 2100."""
-    import calendar
-    try:
-        v = float(calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")))
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return v if 0 <= v < 4102444800 else None
+    """Epoch seconds of an event's UTC time ('2026-12-02T12:00:05Z', as _now writes it); None unless it is one,
+    between the epoch and 2100. timefmt, not time.strptime: the daemon reads the log for its textfile and GetEvents,
+    and strptime would load _strptime, calendar, datetime and locale into it."""
+    from spark_memsaver.timefmt import utc_epoch
+    v = utc_epoch(t) if isinstance(t, str) and t.endswith("Z") else None
+    return v if v is not None and 0 <= v < 4102444800 else None

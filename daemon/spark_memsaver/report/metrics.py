@@ -50,8 +50,12 @@ def _rfc3339_to_unix(text) -> int:
     return int(t) if t is not None else 0
 
 
-def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | None = None) -> str:
+def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | None = None,
+               events: list | None = None) -> str:
     """The exposition text for one status document (schema 1 or newer).
+
+    ``events``: the lifecycle event log (host/events.read, the one log `spark-memsaver events` and D-Bus GetEvents
+    read): the time of the last finished operation of each kind, by result.
 
     ``sample`` (the daemon's monitoring sample, service/monitor.py) is fresher than the document for the
     live figures: when given, its backing/saved bytes and packing flag are used, and the memory series of the
@@ -109,6 +113,15 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
            [({"by": by}, int(hold.get("by") == by)) for by in HOLD_ORIGINS])
     metric("held_since_seconds", "gauge", "Unix time the running kernel's hold was recorded; 0 if none.",
            [({}, _rfc3339_to_unix(hold.get("since")))])
+    from spark_memsaver.host.events import KINDS
+    last: dict = {}
+    for e in events or ():
+        if isinstance(e, dict) and e.get("op") in KINDS and isinstance(e.get("ok"), bool):
+            key = (e["op"], "ok" if e["ok"] else "failed")
+            last[key] = max(last.get(key, 0), _rfc3339_to_unix(e.get("time")))
+    metric("last_operation_timestamp_seconds", "gauge", "Unix time of the last finished operation of each kind in "
+           "the lifecycle event log, by result (ok, failed); 0 if none is kept.",
+           [({"op": op, "result": r}, last.get((op, r), 0)) for op in KINDS for r in ("ok", "failed")])
     findings = doc.get("findings") or []
     metric("findings", "gauge", "Findings of the last status, by severity.",
            [({"severity": sev}, sum(1 for f in findings if f.get("severity") == sev)) for sev in SEVERITIES])

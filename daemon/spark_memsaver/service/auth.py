@@ -9,7 +9,7 @@
 - :class:`DenialLog` rate-limits what denials write to the log (defect 10): the first denial of a sender is
   logged, the rest of an interval are counted and summed up in one line per sender per interval; the table
   of senders is bounded.
-- :class:`ReadLimiter`: the open reads (``GetStatus``, ``GetHistory``, ``GetHistorySince``, ``GetJob``) cost
+- :class:`ReadLimiter`: the open reads (``GetStatus``, ``GetHistory``, ``GetHistorySince``, ``GetEvents``, ``GetJob``) cost
   main-loop time (a history reply ~11 ms at the defaults); each sender (unique name) gets a token bucket of
   ``READ_BURST`` calls refilled at ``READ_RATE`` a second, uid 0 is not limited, the table is bounded. One
   more call is refused at once with :class:`RateLimited` (logged like a denial: once, then summed up).

@@ -1,6 +1,6 @@
 """The D-Bus adaptor: the interface XML, the authorization markers, the Gio publication and the error
-mapping. No logic: everything the methods do is in ``daemon.Daemon`` (the core), argument checks are in
-``checks``, who may call what in ``auth``.
+mapping. No logic: everything the methods do is in ``daemon.Daemon`` (the core; GetEvents: host/events.py, the
+log's reader), argument checks are in ``checks``, who may call what in ``auth``.
 
 Published with Gio directly (no pydbus): a method's reply is sent when its authorization, which is
 asynchronous, has answered (issue 12 defect 6), and the idle daemon does not carry pydbus.
@@ -46,6 +46,7 @@ INTROSPECTION = f"""<node>
     <method name="GetStatus"><arg name="status_json" type="s" direction="out"/></method>
     <method name="GetHistory"><arg name="samples_json" type="s" direction="out"/></method>
     <method name="GetHistorySince"><arg name="since" type="d" direction="in"/><arg name="limit" type="u" direction="in"/><arg name="samples_json" type="s" direction="out"/></method>
+    <method name="GetEvents"><arg name="since" type="d" direction="in"/><arg name="limit" type="u" direction="in"/><arg name="events_json" type="s" direction="out"/></method>
     <method name="GetJob"><arg name="job_id" type="u" direction="in"/><arg name="job_json" type="s" direction="out"/></method>
     <method name="Build"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
     <method name="Install"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
@@ -77,6 +78,8 @@ AUTHORIZER: auth.Authorizer | None = None
 READS = auth.ReadLimiter()
 HISTORY_DEFAULT = 1440    # samples in a GetHistory reply (24 h at the default interval), newest first kept
 HISTORY_MAX = 10000       # at most this many in a GetHistorySince reply (~3 MB of JSON)
+EVENTS_DEFAULT = 100      # lifecycle events in a GetEvents reply with limit 0, newest kept
+EVENTS_MAX = 5000         # at most this many (the log keeps ~1 MiB: about that many)
 
 
 def public(fn):
@@ -178,6 +181,16 @@ class Manager:
             raise InvalidArgument(f"GetHistorySince: since must be a finite time in seconds, not {since}")
         limit = HISTORY_DEFAULT if limit == 0 else min(int(limit), HISTORY_MAX)
         return self._core.history_json(since=since if since > 0 else None, limit=limit)
+
+    @public
+    def GetEvents(self, since, limit, *, caller):
+        """The one lifecycle event log (host/events.py, what `spark-memsaver events` shows): the events at or after
+        ``since`` (epoch seconds; 0: all kept), the newest ``limit`` (0: EVENTS_DEFAULT, at most EVENTS_MAX)."""
+        if since != since or since in (float("inf"), float("-inf")):
+            raise InvalidArgument(f"GetEvents: since must be a finite time in seconds, not {since}")
+        limit = EVENTS_DEFAULT if limit == 0 else min(int(limit), EVENTS_MAX)
+        from spark_memsaver.host import events     # the log's own reader: nothing of it is kept in the daemon
+        return events.as_json(self._core.host, since if since > 0 else None, limit)
 
     @public
     def GetJob(self, job_id, *, caller):

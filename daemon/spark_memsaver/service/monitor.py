@@ -95,6 +95,7 @@ class Monitor:
         self.host = host
         self.config = config
         self.history: collections.deque = collections.deque(maxlen=config.history_size)
+        self._events_key, self._events_rows = False, []     # the event log as last read (_events)
         from spark_memsaver.service.history import History
         self.persisted = History(host, config.interval)   # STATE_DIR/history/: `spark-memsaver history` reads it
         self._on_sample = on_sample
@@ -189,7 +190,7 @@ class Monitor:
         from spark_memsaver.report.metrics import exposition
 
         s = s if s is not None else (unpack(self.history[-1]) if self.history else {})
-        text = exposition(doc, sample_time=s.get("time"), sample=s)
+        text = exposition(doc, sample_time=s.get("time"), sample=s, events=self._events())
         path = self.host.fspath(path)
         try:
             write_atomic(path, text)
@@ -198,6 +199,18 @@ class Monitor:
             if not self._prom_warned:   # once per failure streak, not once a minute
                 log.warning("cannot write Prometheus textfile %s: %s", path, e.strerror or e)
                 self._prom_warned = True
+
+    def _events(self) -> list:
+        """The lifecycle event log (host/events.read), read again only when it changed (size, mtime)."""
+        from spark_memsaver.host import events
+        try:
+            st = os.stat(self.host.fspath(events.EVENTS))
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        if key != self._events_key:
+            self._events_key, self._events_rows = key, (events.read(self.host) if key is not None else [])
+        return self._events_rows
 
     def document_changed(self) -> None:
         """Called by the daemon when a new status document is in: the textfile follows at once."""
