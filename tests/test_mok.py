@@ -727,12 +727,12 @@ def test_enroll_dry_run_requests_nothing(roots, certs):
     root = str(roots["not-enrolled"][0])
     r = cli("--root", root, "mok", "enroll", "--dry-run", "--console-timeout", "300")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "mokutil --import" in r.stdout and "mokutil --timeout 300" in r.stdout
+    assert "mokutil --ignore-keyring --import" in r.stdout and "mokutil --timeout 300" in r.stdout
     assert hashlib.sha1(certs["ours"]).hexdigest() in r.stdout and "Nothing was changed" in r.stdout
     assert "password" not in r.stderr.lower()
     doc = json.loads(cli("--root", root, "mok", "enroll", "--dry-run", "--json").stdout)
     assert doc["dry_run"] is True and doc["state_now"] == "not-enrolled" and doc["state_after"] == "pending-enroll"
-    assert doc["would_run"][0][:2] == ["mokutil", "--import"] and len(doc["would_run"]) == 1
+    assert doc["would_run"][0][:2] == ["mokutil", "--ignore-keyring"] and len(doc["would_run"]) == 1
     for name, code in {"enrolled-among-lists": "mok-already-enrolled", "moklist-truncated": "secure-boot-unknown",
                        "no-key": "mok-no-key"}.items():
         r = cli("--root", str(roots[name][0]), "mok", "enroll", "--dry-run", "--json")

@@ -56,6 +56,8 @@ def _variants() -> dict:
     v("record_unreadable", lambda s: s["records"].update(unreadable=["/var/lib/spark-memsaver/x.json"]))
     v("secure_boot_unknown", lambda s: s.update(secure_boot={"state": "unknown", "reason": "r"}))
     v("not_enrolled_stock", lambda s: s.update(secure_boot={"state": "not-enrolled", "reason": "r"}))
+    v("trusted_by_kernel_only", lambda s: s.update(secure_boot={"state": "not-enrolled", "reason": "r", "kernel": {
+        "trusted_by_kernel": "yes", "trust_reason": "our certificate's key is in .secondary_trusted_keys"}}))
     v("dkms_missing", lambda s: s["dkms"].update(available=False))
 
     def changed(s):

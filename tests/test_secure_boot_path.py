@@ -249,6 +249,23 @@ def test_enrolled_in_firmware_but_not_in_the_kernel(tmp_path):
         executor.perform("activate", Host(root), CFG, dry_run=True)
 
 
+def test_trusted_by_the_kernel_but_in_no_firmware_list(tmp_path):
+    """The reverse disagreement (the key in a kernel keyring, in neither MokListRT nor db): the EFI view stays
+    not-enrolled, status says the kernel trusts it with its own finding, and the remedy, mok enroll, is one the
+    enroll step carries out: it passes --ignore-keyring, without which mokutil skips a key the kernel trusts."""
+    text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text()
+    root = _kernel_root(tmp_path / "r", FIX / "platform-key.pem", text, enrolled=False)
+    sb = world.secure_boot(Host(root))
+    assert sb["state"] == "not-enrolled" and sb["kernel"]["trusted_by_kernel"] == "yes" and not sb["loadable"]
+    assert "the running kernel trusts it all the same" in sb["reason"]
+    f = {x.code: x for x in verdict(root).findings}
+    assert "mok-trusted-by-kernel-only" in f and f["mok-trusted-by-kernel-only"].severity == "info"
+    assert "sudo spark-memsaver mok enroll" in f["mok-trusted-by-kernel-only"].remedy
+    assert "mok-not-trusted-by-kernel" not in f
+    doc = json.loads(cli(root, "mok", "enroll", "--dry-run", "--json").stdout)
+    assert doc["would_run"][0][:3] == ["mokutil", "--ignore-keyring", "--import"], doc
+
+
 def test_key_enrolled_through_mokmanager_before_and_after(tmp_path):
     # real /proc/keys of Debian's signed 6.1.0-57-amd64 under OVMF + shim with Secure Boot (tools/mok-e2e):
     # boot 1 before the key was confirmed in MokManager, boot 3 after (the kernel put it in .machine)

@@ -149,7 +149,7 @@ def _mokutil_message(r) -> str:
 
 
 def run_mokutil_import(host, der_path: str, password: str, timeout: float = 120) -> dict:
-    """``mokutil --import DER --hash-file F``; the password never reaches argv, the environment or a log.
+    """``mokutil --ignore-keyring --import DER --hash-file F``; the password never reaches argv, the environment or a log.
     The hash file (SHA-512-crypt of the password) lives in a 0700 directory and is removed afterwards."""
     check_password(password)
     d = tempfile.mkdtemp(prefix="spark-memsaver-mok.")
@@ -158,13 +158,15 @@ def run_mokutil_import(host, der_path: str, password: str, timeout: float = 120)
         fd = os.open(hf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(sha512_crypt(password) + "\n")
-        r = host.run(["mokutil", "--import", der_path, "--hash-file", hf], timeout=timeout)
+        # --ignore-keyring: mokutil skips ("Already in kernel trusted keyring") a key the running kernel already
+        # trusts; we want it in MokList all the same, so that every kernel the node boots trusts it
+        r = host.run(["mokutil", "--ignore-keyring", "--import", der_path, "--hash-file", hf], timeout=timeout)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     msg = _mokutil_message(r)
     if r.returncode != 0:
         raise MokutilFailed(f"mokutil --import failed (exit {r.returncode}): {msg}", returncode=r.returncode)
-    return {"argv": ["mokutil", "--import", der_path, "--hash-file", "<one-time hash file>"],
+    return {"argv": ["mokutil", "--ignore-keyring", "--import", der_path, "--hash-file", "<one-time hash file>"],
             "returncode": r.returncode, "message": msg}
 
 
@@ -272,7 +274,7 @@ def plan_enrollment(host, config, cert: str | None = None, wait_at_console: bool
     before = secure_boot(host, cert=cert, config=config)
     _refuse_for(before)
     c = before.get("certificate") or {}
-    would = [["mokutil", "--import", f"<DER copy of {c.get('path')}>", "--hash-file",
+    would = [["mokutil", "--ignore-keyring", "--import", f"<DER copy of {c.get('path')}>", "--hash-file",
               "<one-time hash of the password you will type>"]]
     if wait_at_console or console_timeout is not None:
         would.append(["mokutil", "--timeout", "-1" if wait_at_console else str(console_timeout)])

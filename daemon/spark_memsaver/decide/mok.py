@@ -236,6 +236,9 @@ def section(r: MokReading) -> dict:
         reason += "; trusted by the running kernel (" + kern["trust_reason"] + ")"
     elif d.state == "enrolled" and kern.get("trusted_by_kernel") == "no":
         reason += "; but the running kernel does not trust it: " + kern["trust_reason"]
+    elif d.state == "not-enrolled" and kern.get("trusted_by_kernel") == "yes":
+        reason += ("; the running kernel trusts it all the same (" + kern["trust_reason"] + "), but the firmware's "
+                   "lists do not hold it, so another kernel, or this one after an update, may not")
     return {
         "state": d.state,
         "reason": reason,

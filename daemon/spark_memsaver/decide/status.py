@@ -137,7 +137,8 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
 
 def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
     """ours-load-failed (the guard's last refusal in this boot, while ours is not loaded) and
-    mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings)."""
+    mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings) and
+    mok-trusted-by-kernel-only (the reverse: trusted by the running kernel, in neither MokListRT nor db)."""
     out = []
     uvm = snap.get("uvm") or {}
     fail = (snap.get("guard") or {}).get("ours_load_failed")
@@ -158,6 +159,11 @@ def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
                            "Our signing key is enrolled in the firmware but the running kernel does not trust it ("
                            + (k.get("trust_reason") or "not in its keyrings") + "): modules it signs will not load.",
                            mok_decide.KERNEL_DISTRUST_REMEDY))
+    if sb_state == "not-enrolled" and k.get("trusted_by_kernel") == "yes":
+        out.append(Finding("mok-trusted-by-kernel-only", "info",
+                           "The running kernel trusts our signing key (" + (k.get("trust_reason") or "in its keyrings")
+                           + ") although it is in neither MokListRT nor db: spark-memsaver activates only with a key "
+                           "the firmware keeps for every kernel the node boots.", mok_decide.enrollment_remedy(sb)))
     return out
 
 
