@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import needs, nvsrc, qemu, uvmvm
-from tests.test_kernel_pagetree import ALL_ENV, TOKENS, VERSION, _opted_in, _run_of, _say, _stats, kernel_or_skip
+from tests.test_kernel_pagetree import ALL_ENV, NV_ERR_INVALID_STATE, TOKENS, VERSION, _opted_in, _run_of, _say, _stats, kernel_or_skip
 
 KIND = "debug-6.12-64k"
 THREADS, ITERS, SECS = 8, 1500, 240
@@ -111,8 +111,28 @@ def test_page_tree_race_in_64k_debug_kernel(tmp_path, request):
         assert f"UVM-UNLOAD tier={t} rc=0" in log
 
 
+@pytest.mark.kernel
+@pytest.mark.slow
+def test_race_catches_a_broken_pool(tmp_path, request):
+    """Not vacuous: the same race with the pool built to hand out overlapping slots (UVM_PT_PACK_FAULT_INJECT=1)
+    fails what test_page_tree_race_in_64k_debug_kernel requires: the threads' checks see live tables
+    overlapping, which turns the ioctl's status into NV_ERR_INVALID_STATE (the result line's status is the
+    threads' own: NVIDIA's functions themselves return NV_OK), and the pool WARNs (stale frees, tables left at
+    teardown)."""
+    built, log, secs = _race(tmp_path, inject=1)
+    results = {t: _result(_run_of(log, t)) for t in TIERS}
+    _say(request, f"\n[64k race r580, broken pool] VM {secs:.0f}s; "
+         + "; ".join(f"tier {TOKENS[t]}: overlaps={r['overlaps']} "
+                     + re.search(r"PT-RUN step=page_tree .*", _run_of(log, t)).group(0) for t, r in results.items())
+         + f"; {len(qemu.bad_lines(log))} bad console lines")
+    for t, r in results.items():
+        assert r["overlaps"] > 0, (t, r)
+        assert f"PT-RUN step=page_tree ioctl=0 errno=0 rmStatus={NV_ERR_INVALID_STATE}" in _run_of(log, t), t
+    assert any("WARNING:" in ln for ln in qemu.bad_lines(log)), log[-3000:]
+
+
 def test_race_tests_are_heavy():
-    for f in (test_page_tree_race_in_64k_debug_kernel,):
+    for f in (test_page_tree_race_in_64k_debug_kernel, test_race_catches_a_broken_pool):
         assert {"slow", "kernel"} <= {m.name for m in f.pytestmark}, f.__name__
 
 
