@@ -330,3 +330,16 @@ def test_the_then_step_says_how_to_get_the_key_trusted():
     assert _decide(s)["then"][0]["remedy"] == "R" + enroll[1:] + "."
     assert _decide(s)["then"][0]["detail"] == ("Secure Boot is enforcing and the firmware blocks the signing key: "
                                                "the module will not load until the key is trusted")    # no reason
+
+
+def test_missing_nvidia_ko_names_the_loaded_driver_first():
+    """No nvidia.ko for K while the loaded driver (590) differs from another kernel's nvidia.ko (580): the
+    remedy names the loaded driver's modules package, the one K needs to boot into the same driver (kills:
+    the loaded version's read)."""
+    k2 = "6.14.0-1020-nvidia-64k"
+    s = _pure_snap(K, k2)
+    s["driver"]["loaded_version"] = "590.48.01-1"
+    s["kernels"][0]["nvidia_selected"] = None
+    (m,) = _decide(s)["missing"]
+    assert m["code"] == "nvidia-ko-missing"
+    assert f"'sudo apt-get install linux-modules-nvidia-590-open-{K}'" in m["remedy"], m
