@@ -166,6 +166,8 @@ def test_a_broken_local_tree_is_corrupt_with_the_exact_reinstall():
         "detail": f"/usr/src/nvidia-{DRV} is not an open kernel-module tree (no nvidia-uvm/ or Kbuild)",
         "remedy": f"Reinstall it: 'sudo apt-get install --reinstall nvidia-kernel-source-580-open={DRV}-0ubuntu1'."}]
     assert not d["can_install"] and not d["needs_fetch"] and d["fetch"] is None
+    s["driver_sources"]["by_driver"][DRV]["deb_version"] = None       # a package without a version: no command
+    assert _decide(s)["missing"][0]["remedy"].startswith("Install the NVIDIA open kernel-module source of exactly")
     del s["driver_sources"]
     (m,) = _decide(s)["missing"]
     assert m["code"] == "driver-source-corrupt" and m["remedy"].startswith(
