@@ -345,3 +345,17 @@ def test_missing_nvidia_ko_names_the_loaded_driver_first():
     (m,) = _decide(s)["missing"]
     assert m["code"] == "nvidia-ko-missing"
     assert f"'sudo apt-get install linux-modules-nvidia-590-open-{K}'" in m["remedy"], m
+
+
+@pytest.mark.parametrize("mode,said", [("auto", "auto"), (None, "never")])
+def test_a_listed_source_not_fetched_names_the_setting(mode, said):
+    """In the APT lists yet not fetchable: the reason names source_fetch as configured ('never' when the
+    observer said none) (kills: the mode's read and its default)."""
+    s = _pure_snap(K, by_driver={DRV: _src(package="p", deb_version=f"{DRV}-1", in_lists=True)})
+    s["driver_sources"]["apt"] = "ok"
+    if mode is None:
+        del s["driver_sources"]["mode"]
+    else:
+        s["driver_sources"]["mode"] = mode
+    (m,) = _decide(s)["missing"]
+    assert m["detail"].endswith(f"; p {DRV}-1 is in the APT lists but source_fetch is '{said}'"), m
