@@ -42,6 +42,18 @@ def test_gain_measured_estimated_or_nothing():
     assert summary.risk(_doc("not-applicable", saved=GIB)) is None
 
 
+def test_gain_of_an_inactive_node_is_nothing_now():
+    """Inactive (ours loaded, packing nothing): no 'saved now' even with counters read, but 'nothing now' with
+    the estimate once it packs; on small pages still 'nothing measurable' (kills: the inactive rule and its
+    wording)."""
+    assert summary.gain(_doc("inactive", saved=0)) == (
+        "nothing now: our nvidia-uvm is loaded but packs nothing (the finding below says why); about 1.8 GiB once "
+        "it packs (estimate from the seed project's measurement on a serving GB10 node: page-table backing 3.25 -> "
+        "0.22 GiB)")
+    assert summary.gain(_doc("inactive", host={"page_size": 4096})).startswith("nothing measurable")
+    assert summary.next_step(_doc("inactive", saved=0)) is None        # nothing to validate while it packs nothing
+
+
 def test_risk_says_what_is_proven():
     """Risk: validated (with when) only for a packing node whose last validation passed; otherwise what is not
     proven and the validate command; a tier other than leaf adds that it is not validated on hardware (kills:
