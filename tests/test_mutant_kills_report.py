@@ -86,6 +86,8 @@ def test_next_step_is_the_most_severe_remedy_that_asks_for_something():
     (kills: the severity order, the skip rules, the info codes)."""
     fs = [_f("w", "warning", "fix the warning"), _f("e", "error", "fix the error")]
     assert summary.next_step(_doc("stock", findings=fs)) == "fix the error"
+    fs = [_f("stock", "info", "install it"), _f("w", "warning", "fix the warning")]
+    assert summary.next_step(_doc("stock", findings=fs)) == "fix the warning"
     fs = [_f("x", "mystery", "unknown severity last"), _f("w", "warning", "fix the warning")]
     assert summary.next_step(_doc("stock", findings=fs)) == "fix the warning"
     fs = [_f("e", "error", "  "), _f("e2", "error", "Nothing to do: fine."), _f("w", "warning", "do this")]
