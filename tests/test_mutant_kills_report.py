@@ -93,7 +93,11 @@ def test_next_step_is_the_most_severe_remedy_that_asks_for_something():
     fs = [_f("e", "error", "  "), _f("e2", "error", "Nothing to do: fine."), _f("w", "warning", "do this")]
     assert summary.next_step(_doc("stock", findings=fs)) == "do this"
     assert summary.next_step(_doc("stock", findings=[_f("e", "error", "NOTHING TO DO here")])) is None
-    for code in ("stock", "activation-pending", "driver-source-fetchable"):
+    assert summary.next_step(_doc("stock", findings=[{"code": "e", "severity": "error", "remedy": None},
+                                                     _f("w", "warning", "do this")])) == "do this"
+    assert summary.next_step(_doc("stock", findings=[_f("other", "info", "x"), _f("stock", "info", "install")])) \
+        == "install"
+    for code in ("stock", "activation-pending", "driver-source-fetchable", "packing-disabled"):
         assert summary.next_step(_doc("stock", findings=[_f(code, "info", "run it")])) == "run it", code
     assert summary.next_step(_doc("stock", findings=[_f("other", "info", "run it")])) is None
 
