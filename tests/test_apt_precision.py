@@ -27,6 +27,9 @@ from spark_memsaver.decide import apt as apt_plan
 from spark_memsaver.host import Host, events
 from spark_memsaver.observe import modules
 from tests.support import sparkroot
+from tests.support.worlds import typed
+
+apt_plan = typed(apt_plan)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 pytestmark = pytest.mark.lifecycle
 

@@ -8,6 +8,9 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide.status import STATES, evaluate
 from tests.support.sparkroot import stats_text
 from spark_memsaver.observe.counters import parse_stats
+from tests.support.worlds import typed
+
+evaluate = typed(evaluate)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 K = "6.14.0-1015-nvidia-64k"
 
@@ -207,6 +210,7 @@ def test_a_suffixed_module_version_is_not_a_mismatch_in_status():
     driver_of()): before, status compared raw strings and called ours '580.142-sm1' beside nvidia.ko 580.142 an
     override-driver-mismatch (and the loaded module too), while the planner called it consistent."""
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     s = ours_loaded(base_snapshot())
     s["uvm"]["version"] = "580.142-sm1"
     s["kernels"][0]["uvm_selected"]["version"] = "580.142-sm1"

@@ -26,6 +26,9 @@ from spark_memsaver.decide.status import evaluate
 from spark_memsaver.errors import UsageError
 from spark_memsaver.host import Host, intents
 from tests.support import needs, sparkroot
+from tests.support.worlds import typed
+
+rc, evaluate = typed(rc), typed(evaluate)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 REPO = Path(__file__).resolve().parent.parent
 K = sparkroot.SPARK_KERNEL
@@ -262,3 +265,14 @@ def test_act_observe_decide_import_no_cli_and_no_click():
             for m in pat.finditer(f.read_text()):
                 bad.append(f"{f.relative_to(pkg)}: {m.group(0).strip()}")
     assert bad == [], bad
+
+
+def test_every_acting_step_has_exactly_one_handler():
+    """Steps run from one table (act/steps.HANDLERS): every acting action of decide/step has a handler, or is run
+    by execute() itself (fetch-source); no explaining step (INFO) has one, and no handler is for an unknown action."""
+    from spark_memsaver.act import steps
+    from spark_memsaver.decide import step
+
+    assert set(steps.HANDLERS) | set(steps.BY_EXECUTE) == set(step.ACTING)
+    assert not set(steps.HANDLERS) & set(steps.BY_EXECUTE)
+    assert not (set(steps.HANDLERS) | set(steps.BY_EXECUTE)) & set(step.INFO)

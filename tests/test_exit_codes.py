@@ -22,6 +22,10 @@ from spark_memsaver.decide.status import evaluate
 from spark_memsaver.errors import MemsaverError
 from tests.support import sparkroot
 from tests.test_decide import CASES
+from spark_memsaver.model import world_of
+from tests.support.worlds import typed
+
+evaluate = typed(evaluate)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
@@ -64,7 +68,8 @@ def test_a_missing_piece_is_a_refusal_whichever_piece():
     snap, _, _, _ = CASES["stock"]()                # the planner finds it missing too: the same remedy
     snap["dkms"]["available"] = False
     from spark_memsaver.decide.plan import stock_reason
-    assert stock_reason(snap["kernels"][0], snap, Config(), {"580.142": {"supported": True}})[1:] == \
+    w = world_of(snap)
+    assert stock_reason(w.kernels[0], w, Config(), {"580.142": {"supported": True}})[1:] == \
         ("dkms-missing", DkmsMissing.remedy)
 
 

@@ -147,10 +147,30 @@ def test_h4_install_clears_the_hold(spark):
 def test_install_of_one_kernel_releases_it_from_an_all_hold(spark):
     from spark_memsaver.decide.hold import held
     from spark_memsaver.host import holds
+    from spark_memsaver.model import Records
     holds.hold(Host(spark), "remove", None, "requested")
     holds.release(Host(spark), K)
     rec = json.loads((spark / "var/lib/spark-memsaver/holds/all.json").read_text())
-    assert held({"holds": [rec]}, K) is None and held({"holds": [rec]}, K2) == rec
+    assert held(Records(holds=[rec]), K) is None and held(Records(holds=[rec]), K2) == rec
     holds.hold(Host(spark), "rollback", K, "again")
-    assert held({"holds": [rec, {"by": "rollback", "kernel": K}]}, K)["by"] == "rollback"
-    assert holds.release(Host(spark), None) and held({"holds": []}, K) is None
+    assert held(Records(holds=[rec, {"by": "rollback", "kernel": K}]), K)["by"] == "rollback"
+    assert holds.release(Host(spark), None) and held(Records(holds=[]), K) is None
+
+
+def test_rollback_while_ours_is_loaded_says_the_reload_comes_next(tmp_path, monkeypatch):
+    """A rollback while CUDA holds /dev/nvidia-uvm leaves our module loaded (it is never force-unloaded). Status
+    then says that, with the hold, and Next is the reload that brings the stock module in -- not 'validate' on a
+    node the administrator just rolled back, and not silent about the hold."""
+    monkeypatch.delenv("SPARK_MEMSAVER_CONFIG", raising=False)
+    root = sparkroot.make_spark_root(tmp_path / "root", ours_installed="580.142", uvm_loaded="ours", holders=1,
+                                     stats=sparkroot.stats_text(tier="leaf"))
+    (root / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(shutil.which("dkms") or "/usr/sbin/dkms", root / "usr/sbin/dkms")
+    _rolled_back(root)
+    doc = status(root)
+    f = next(x for x in doc["findings"] if x["code"] == "ours-loaded-stock-selected")
+    assert "held since" in f["message"] and "by rollback" in f["message"], f
+    assert "sudo modprobe -r nvidia_uvm && sudo modprobe nvidia_uvm" in f["remedy"], f
+    text = cli(root, "status", "--direct").stdout
+    nxt = next(ln for ln in text.splitlines() if ln.startswith("Next:"))
+    assert "modprobe -r nvidia_uvm" in nxt and "validate" not in nxt, text

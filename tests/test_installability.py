@@ -24,6 +24,9 @@ from spark_memsaver.act import executor, installable
 from spark_memsaver.decide.installability import installability
 from spark_memsaver.host import Host
 from tests.support import needs, sparkroot
+from tests.support.worlds import typed
+
+installability = typed(installability)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 REPO = Path(__file__).resolve().parent.parent
 K = sparkroot.SPARK_KERNEL
@@ -354,6 +357,7 @@ def _entry(fetchable, remedy=None):
 
 def test_plan_fetches_a_source_once_before_the_builds_that_need_it():
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     k2 = "6.14.0-1020-nvidia-64k"
     s = _pure_snap(K, k2, by_driver={DRV: _entry(True)})
     steps = rc.plan(s, cfgmod.Config(), {DRV: {"supported": True}})
@@ -366,6 +370,7 @@ def test_plan_fetches_a_source_once_before_the_builds_that_need_it():
 
 def test_rollback_after_a_driver_change_carries_the_missing_pieces_code_and_exact_remedy():
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     exact = f"sudo apt-get install {PKG}={UBU}"
     s = _pure_snap(K, ours="580.95.05", by_driver={DRV: _entry(False, exact)})
     steps = rc.plan(s, cfgmod.Config(), {DRV: {"supported": True}})
@@ -417,7 +422,7 @@ def test_an_unlisted_driver_whose_source_is_fetchable_is_judged_by_content_after
     content_unchecked; with its source fetchable the plan fetches first (the build's apply then judges by content)
     instead of staying stock for 'not in the manifest'. Without a fetchable source it stays stock, unsupported."""
     from spark_memsaver.decide import plan as rc
-    from spark_memsaver.decide.installability import installability
+    rc = typed(rc)
     unchecked = {"supported": False, "reason": f"NVIDIA driver {DRV} is not in this release's patch manifest",
                  "content_unchecked": True}
     s = _pure_snap(K, by_driver={DRV: _entry(True)})

@@ -33,6 +33,9 @@ from spark_memsaver.decide.status import evaluate
 from spark_memsaver.host import Host
 from spark_memsaver.host import locks
 from tests.support import needs, sparkroot
+from tests.support.worlds import typed
+
+rc, evaluate = typed(rc), typed(evaluate)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 pytestmark = pytest.mark.lifecycle
 

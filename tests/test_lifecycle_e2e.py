@@ -248,7 +248,10 @@ def test_e2e_4_kill9_mid_build_then_restart_recovers(box, debs):
         pytest.fail("the build never started: " + box.c.journal(unit)[-3000:])
     time.sleep(20)   # midway through compiling nvidia-uvm
     # kill -9 the daemon and everything it started (dkms, make, cc1), and keep systemd from restarting it yet
-    box.sh(f"systemctl kill -s KILL {unit}; systemctl stop {unit} || true")
+    # (systemd 252 may answer EIO for an auxiliary process that exits while it signals the cgroup -- "Failed to
+    # send signal SIGKILL to auxiliary processes: Input/output error", seen once -- so the kill is sent again; what
+    # must hold is checked below: nothing of the build survives)
+    box.sh(f"systemctl kill -s KILL {unit} || systemctl kill -s KILL {unit} || true; systemctl stop {unit} || true")
     deadline = time.monotonic() + 30
     while box.sh("pgrep -x cc1 || pgrep -x make || pgrep -x dkms || true", check=False).stdout.strip() \
             and time.monotonic() < deadline:

@@ -21,6 +21,9 @@ from spark_memsaver.decide import hazards as hz
 from spark_memsaver.host import Host, events
 from spark_memsaver.validate import cuda
 from tests.support import needs, sparkroot
+from tests.support.worlds import typed
+
+apt = typed(apt)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 REPO = Path(__file__).resolve().parent.parent
 K = "6.8.0-50-generic"
@@ -83,6 +86,7 @@ def test_no_automatic_retry_after_a_failed_build_install_or_patch(code, retried)
     """After a rollback coded build-failed / patch-failed / install-failed for the driver now installed, reconcile
     stays stock and says how to retry; any other code rebuilds. (Kills: a code dropped from NO_AUTO_RETRY.)"""
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     from tests.test_lifecycle import CFG, K as LK, SUPPORT, kern, snap
     s = snap(kern(nv="555.58.02"), rollbacks=[{"kernel": LK, "time": "2026-01-01T00:00:00Z", "code": code,
                                                 "driver_from": "550.163.01", "driver_to": "555.58.02",

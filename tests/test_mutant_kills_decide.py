@@ -14,9 +14,13 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import hold, ours, packing, qualification
 from spark_memsaver.decide.status import evaluate
 from spark_memsaver.host import Host
+from spark_memsaver.model import Records, world_of
 from spark_memsaver.observe import mok as omok
 from tests.test_decide import K, base_snapshot, module, ours_loaded
 from tests.test_mok import certs, make_root, scenarios  # noqa: F401  (certs: the fixture, openssl-made)
+from tests.support.worlds import typed
+
+evaluate = typed(evaluate)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,7 +47,7 @@ def test_status_64k_kernel_outside_policy_for_another_reason_is_still_judged():
     given and status carries on (stock, with the install advice), never not-applicable as for a 4 KiB host.
     (Kills: the host's ``page_size`` misread in the early return.)"""
     s = base_snapshot()
-    s["kernels"][0]["preempt_rt"] = True
+    s["kernels"][0]["kconfig"] = {"CONFIG_ARM64": "y", "CONFIG_ARM64_64K_PAGES": "y", "CONFIG_PREEMPT_RT": "y"}
     v = evaluate(s, Config())
     assert (v.state, _codes(v)) == ("stock", ["kernel-outside-policy", "stock"])
 
@@ -118,11 +122,11 @@ def test_an_nvidia_tests_entry_without_runs_is_named():
 
 def test_selection_names_each_of_its_three_answers():
     """(Kills: the 'stock' answer mutated: no caller compares with it, but it is the documented value.)"""
-    assert ours.selection(base_snapshot()["kernels"][0]) == "stock"
-    k = ours_loaded(base_snapshot())["kernels"][0]
-    assert ours.selection(k) == "consistent"
-    k["nvidia_selected"] = module(version="580.159")
-    assert ours.selection(k) == "mismatch"
+    assert ours.selection(world_of(base_snapshot()).kernels[0]) == "stock"
+    assert ours.selection(world_of(ours_loaded(base_snapshot())).kernels[0]) == "consistent"
+    s = ours_loaded(base_snapshot())
+    s["kernels"][0]["nvidia_selected"] = module(version="580.159")
+    assert ours.selection(world_of(s).kernels[0]) == "mismatch"
 
 
 # --- decide/packing.py: the one "packing active" reader --------------------------------------------------------
@@ -158,11 +162,11 @@ def test_which_hold_applies_and_how_it_is_said():
     own_old = {"by": "remove", "kernel": k1, "since": "2026-12-01T00:00:00Z"}
     own = {"by": "rollback", "kernel": k1, "since": "2026-12-02T10:00:00Z"}
     every = {"by": "remove", "kernel": None, "since": "2026-12-02T11:00:00Z", "released": [k2]}
-    recs = {"holds": [own_old, "junk", own, every]}
+    recs = Records(holds=[own_old, "junk", own, every])
     assert hold.held(recs, k1) is own
     assert hold.held(recs, "6.8.0-70-generic") is every and hold.held(recs, k2) is None
-    assert hold.held(None, k1) is None and hold.held({"holds": [own]}, k2) is None
-    assert hold.held({"holds": [own]}, None) is None
+    assert hold.held(None, k1) is None and hold.held(Records(holds=[own]), k2) is None
+    assert hold.held(Records(holds=[own]), None) is None
     assert hold.describe(own, k1, k1) == ("held since 2026-12-02T10:00:00Z, by rollback; "
                                           "`sudo spark-memsaver install` resumes")
     assert hold.describe(own, k1, k2) == ("held since 2026-12-02T10:00:00Z, by rollback; "
@@ -170,7 +174,8 @@ def test_which_hold_applies_and_how_it_is_said():
     assert hold.origin(every) == "held since 2026-12-02T11:00:00Z, by remove --all"
     assert hold.origin({"by": "rollback", "kernel": None}) == "held since ?, by rollback of every kernel"
     assert hold.origin({"kernel": k1}) == "held since ?, by the administrator"
-    bad = hold.held({"quarantined": [{"kind": "hold", "path": "/var/h.json"}, {"kind": "intent", "path": "/x"}]}, k2)
+    bad = hold.held(Records(quarantined=[{"kind": "hold", "path": "/var/h.json"}, {"kind": "intent", "path": "/x"}]),
+                    k2)
     assert bad == {"by": "an unreadable hold record", "kernel": None, "since": "?", "unreadable": "/var/h.json"}
     assert hold.describe(bad, k2, k1) == ("held since ?, by an unreadable hold record; "
                                           "`sudo spark-memsaver install --all` resumes")
@@ -188,6 +193,7 @@ def test_steps_that_change_the_system_are_counted_and_go_to_the_history():
     executor's history events); explaining steps count 0. (Kills: an action name
     mutated in ACTING or INFO, e.g. build-install no longer counted nor written to the history.)"""
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     from spark_memsaver.decide.step import Step
     for a in ACTING:
         assert rc.summarize([Step(a, K)])["acting"] == 1, a
@@ -208,6 +214,7 @@ def test_a_rollback_record_keeps_the_code_of_what_is_missing(kw, code):
     ROLLBACK_CODES.)"""
     from tests.test_lifecycle import CFG, SUPPORT, kern, snap
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     sources = kw.pop("sources", ("550.163.01", "555.58.02", "555.58.99"))
     s = snap(kern(ours="550.163.01", **{"nv": "555.58.02", **kw}), sources=sources)
     steps = rc.plan(s, CFG, SUPPORT, alive_pids=set())
@@ -219,6 +226,7 @@ def test_a_stale_loaded_module_is_reloaded_and_said_with_both_versions():
     (Kills: the loaded module's version misread in the reason.)"""
     from tests.test_lifecycle import CFG, SUPPORT, kern, snap
     from spark_memsaver.decide import plan as rc
+    rc = typed(rc)
     s = snap(kern(nv="555.58.02"), uvm={"loaded": True, "patched": True, "version": "550.163.01-spark1"},
              loaded_nv="555.58.02")
     (r,) = [x for x in rc.plan(s, CFG, SUPPORT, alive_pids=set()) if x.action == "reload-uvm"]
@@ -323,3 +331,397 @@ def test_hazard_reasons_say_how_they_were_decided():
         "(decided by the driver version (590.44.01 and newer): no driver source on this node).")
     assert hz.assess(h, driver_version="garbage", **kw).reason == (
         "no driver source on this node and no readable driver version ('garbage')")
+
+
+# --- decide/policy.py (full run, 3 December) -------------------------------------------------------------------
+
+def test_policy_reads_exactly_its_symbols_and_its_verdict_is_frozen():
+    """What the policy keeps of a kernel's configuration: the seven symbols, nothing else; a verdict cannot be
+    changed once made (kills: each of the SYMBOLS misspelt, frozen=True -> False)."""
+    import dataclasses
+    from spark_memsaver.decide import policy
+    syms = ("CONFIG_ARM64", "CONFIG_ARM64_64K_PAGES", "CONFIG_ARM64_16K_PAGES", "CONFIG_ARM64_4K_PAGES",
+            "CONFIG_X86_64", "CONFIG_X86", "CONFIG_PREEMPT_RT")
+    assert policy.kernel_facts({**{s: "y" for s in syms}, "CONFIG_OTHER": "y"}) == {"kconfig": {s: "y" for s in syms}}
+    v = policy.verdict({"release": "k", "page_size": 65536}, Config())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.ok = False
+
+
+def test_policy_refusals_name_the_kernel_and_the_rule():
+    """Each refusal is one sentence naming the kernel, what it is and the policy; PREEMPT_RT and 64 KiB pages count
+    built in or as modules (kills: the messages' wording, "m" in both tests, the default policy's name, the
+    release's default '?', the model kernel's "release", the config-unreadable test's key and 'and',
+    the page size's // 1024, ok False -> True)."""
+    import types
+    from spark_memsaver.decide import policy
+    v = policy.verdict({"release": "k1", "kconfig": {"CONFIG_PREEMPT_RT": "m"}}, None)     # no config: 64k-only
+    assert (v.ok, v.rule) == (False, "preempt-rt")
+    assert v.why == ("kernel k1 is a PREEMPT_RT kernel; NVIDIA's kernel modules do not build for PREEMPT_RT, so "
+                     "spark-memsaver leaves it stock (policy 'kernels: 64k-only')")
+    assert policy.verdict({"release": "k", "kconfig": {"CONFIG_ARM64": "y", "CONFIG_ARM64_64K_PAGES": "m"}},
+                          Config()).ok is True
+    tail = "; policy 'kernels: 64k-only' builds only for 64 KiB kernels"
+    for kernel, why in (
+            ({"release": "k2", "kconfig": {"CONFIG_ARM64": "y", "CONFIG_ARM64_4K_PAGES": "y"}},
+             "kernel k2 is an arm64 kernel without 64 KiB pages"),
+            ({"release": "k3", "kconfig": {"CONFIG_X86_64": "y"}, "page_size": 4096}, "kernel k3 has 4 KiB pages"),
+            ({"release": "k4", "kconfig": {"CONFIG_X86_64": "y"}}, "kernel k4 is not an arm64 64 KiB kernel"),
+            ({"release": "k5", "kconfig": None, "page_size": 16384}, "kernel k5 has 16 KiB pages"),
+            ({"release": "k6"}, "kernel k6 has an unknown page size"),
+            ({"page_size": 4096}, "kernel ? has 4 KiB pages"),
+            (types.SimpleNamespace(release="k7", page_size=4096, kconfig={}), "kernel k7 has 4 KiB pages")):
+        v = policy.verdict(kernel, Config())
+        assert (v.ok, v.rule, v.why) == (False, "page-size", why + tail), kernel
+    v = policy.verdict({"release": "k8", "kconfig": None}, Config())
+    assert (v.ok, v.rule) == (False, "config-unreadable") and v.why.startswith("kernel k8 is a kernel whose config")
+
+
+def test_build_settings_and_what_changed_since():
+    """A build records tier, tier value and kernels policy; a record of an older version names the policy
+    kernels_policy (kills: the "tier_value" key, "kernels_policy"'s name)."""
+    from spark_memsaver.decide import policy
+    assert policy.build_settings(Config()) == {"tier": "leaf", "tier_value": 3, "kernels": "64k-only"}
+    assert policy.settings_changed({"kernels_policy": "all"}, Config()) == ["kernels all -> 64k-only"]
+
+
+# --- decide/qualification.py (full run, 3 December) -----------------------------------------------------------
+
+def test_qualification_levels_distance_and_manifest_messages():
+    """The levels in order (an unknown one below them all); a version's distance: major apart, higher, then how
+    far each later field is; each malformed manifest value named in words (kills: LEVELS misspelt (x2), the
+    unknown rank's -1, the distance's '-' and '>' and index, each message's wording and separator)."""
+    q = qualification
+    assert [q.rank(x) for x in ("untested", "compile-verified", "nvidia-tests", "bogus")] == [0, 1, 2, -1]
+    assert q.distance("580.142", "580.142") == (0, False, [0])
+    assert q.distance("590.48.01", "580.142") == (10, True, [94])
+    assert q.distance("570.86.15", "580.142") == (10, False, [56])
+    assert q.check_test_records([{"suite": "x"}], "compile-verified") == \
+        "nvidia_tests belong to nvidia-tests entries only"
+    assert q.check_test_records([{"suite": "x"}], "nvidia-tests") == \
+        "nvidia_tests[0] needs suite, kernel, page_size, tiers, date"
+    h = "a" * 64
+    assert q.check_hooked_files([], ["580.142"], ["u.c"]) == \
+        "hooked_files is not a mapping of version -> {path: sha256}"
+    assert q.check_hooked_files({"580.1": {}}, ["580.142"], ["u.c"]) == \
+        "hooked_files names '580.1', which is not one of the entry's versions"
+    assert q.check_hooked_files({"580.142": ["u.c"]}, ["580.142"], ["u.c"]) == \
+        "hooked_files[580.142] is not a mapping of path -> sha256"
+    assert q.check_hooked_files({"580.142": {"v.c": h}}, ["580.142"], ["u.c"]) == \
+        "hooked_files[580.142] lists ['v.c'], but the branch's patch touches ['u.c']"
+    assert q.check_hooked_files({"580.142": {"u.c": "xyz"}}, ["580.142"], ["u.c"]) == \
+        "hooked_files[580.142]: not a sha256 for ['u.c']"
+
+
+def test_qualification_verdicts_say_how_they_matched_and_whether_hashes_were_recorded():
+    """An exact entry's verdict says match "exact" on each of its four ways; one found by content says
+    "content" when nothing else matched; hashes_recorded is whether the manifest holds the hashes compared
+    (kills: "exact" misspelt (x4), recorded True/False swapped in the drifted, content and nearest verdicts,
+    ``match or "content"`` -> ``and`` or misspelt)."""
+    import types
+    a, b = {"u.c": "1" * 64}, {"u.c": "2" * 64}
+
+    def entry(level, files):
+        return types.SimpleNamespace(branch="r580", qualification=level, hooked_files=files, verified_on=["x"],
+                                     nvidia_tests=[])
+    cv = entry("compile-verified", {"580.142": a})
+    nt = entry("nvidia-tests", {"580.95.05": a})
+    d = qualification.decide
+    got = d("580.142", cv, "exact", None, [cv])
+    assert (got["match"], got["by"], got["hashes_recorded"]) == ("exact", "version", True)
+    got = d("580.142", cv, "exact", b, [cv])                                  # drifted from its own hashes
+    assert (got["qualification"], got["match"], got["hashes_recorded"]) == ("untested", "exact", True)
+    got = d("580.142", cv, "exact", a, [cv, nt])                              # an identical tree ranks higher
+    assert (got["qualification"], got["match"], got["inherited_from"]) == ("nvidia-tests", "exact", "580.95.05")
+    got = d("580.142", cv, "exact", a, [cv])
+    assert (got["qualification"], got["by"], got["match"]) == ("compile-verified", "version", "exact")
+    got = d("580.178.04", None, None, a, [cv], nearest_branch="r580")        # unlisted, identical to 580.142
+    assert (got["qualification"], got["match"], got["hashes_recorded"]) == ("compile-verified", "content", True)
+    got = d("580.178.04", None, None, b, [cv], nearest_branch="r580")        # unlisted and different
+    assert (got["qualification"], got["match"], got["hashes_recorded"]) == ("untested", "nearest", False)
+
+
+# --- decide/sources.py (full run, 3 December) -----------------------------------------------------------------
+
+def _layouts(driver="580.142", **layout):
+    from spark_memsaver.decide import sources
+    return [c["layout"] for c in sources.source_package(driver, layout)]
+
+
+UBU = ["ubuntu", "ubuntu-server", "nvidia-repo", "debian-dkms", "debian-tarball"]
+DEB = ["debian-dkms", "debian-tarball", "ubuntu", "ubuntu-server", "nvidia-repo"]
+
+
+def test_source_candidates_are_exactly_these_packages_and_trees():
+    """Where each candidate's tree lands (or its tarball), under its layout's name (kills: the layout names
+    UBUNTU/UBUNTU_SERVER/NVIDIA_REPO, the "tree" and "tarball" of the Ubuntu and NVIDIA-repo entries)."""
+    from spark_memsaver.decide import sources
+    t = "/usr/src/nvidia-580.142"
+    assert sources.source_package("580.142") == [
+        {"package": "nvidia-kernel-source-580-open", "layout": "ubuntu", "tree": t, "tarball": None},
+        {"package": "nvidia-kernel-source-580-server-open", "layout": "ubuntu-server", "tree": t, "tarball": None},
+        {"package": "nvidia-kernel-source-open", "layout": "nvidia-repo", "tree": t, "tarball": None},
+        {"package": "nvidia-open-kernel-dkms", "layout": "debian-dkms",
+         "tree": "/usr/src/nvidia-current-open-580.142", "tarball": None},
+        {"package": "nvidia-open-kernel-source", "layout": "debian-tarball", "tree": None,
+         "tarball": "/usr/src/nvidia-open-kernel.tar.xz"}]
+
+
+def test_source_family_from_packaging_then_os_release():
+    """How the driver is installed outranks os-release: Ubuntu's per-kernel packages (linux-modules-/linux-objects-
+    nvidia-*) on a Debian system mean Ubuntu's source first, Debian's DKMS/source packages on an Ubuntu system
+    Debian's; with nothing installed, ID_LIKE counts as ID does (kills: each package name misspelt, ID_LIKE's key,
+    its `or ""` -> `and`)."""
+    assert _layouts(os_id="debian", installed={"linux-modules-nvidia-580-open-6.8.0-1-generic": "1"}) == UBU
+    assert _layouts(os_id="debian", installed={"linux-objects-nvidia-580-open-6.8.0-1-generic": "1"}) == UBU
+    for pkg in ("nvidia-open-kernel-dkms", "nvidia-kernel-dkms", "nvidia-open-kernel-source"):
+        assert _layouts(os_id="ubuntu", installed={pkg: "580.142-1"}) == DEB, pkg
+    assert _layouts(os_id="pop", os_id_like="Ubuntu Debian") == UBU
+    assert _layouts(os_id="raspbian", os_id_like="debian") == DEB
+
+
+def test_driver_of_and_install_command_edges():
+    """An upstream holding a ':' or a '-' names no driver; a bad package or version is refused naming both; an
+    entry with a package but no version has no remedy; a present tree's entry names its path (kills: split(":", 1)
+    and rsplit("-", 1) -> 2, the refusal's wording, ``pkg and dv`` -> ``or``, the "path" key read)."""
+    from spark_memsaver.decide import sources
+    assert sources.driver_of("1:580.142-1") == "580.142"
+    assert sources.driver_of("1:580.142:3-1") is None
+    assert sources.driver_of("580.142-1-2") is None
+    with pytest.raises(ValueError) as e:
+        sources.install_command("Bad Name", "1.0")
+    assert str(e.value) == "not a package name and version: 'Bad Name' '1.0'"
+    got = sources.entry("580.142", "auto", None, {"package": "nvidia-kernel-source-580-open", "deb_version": None,
+                                                  "in_lists": False}, True)
+    assert got["remedy"] is None and got["package"] == "nvidia-kernel-source-580-open"
+    got = sources.entry("580.142", "auto", {"path": "/var/cache/x/580.142", "origin": "cache"},
+                        {"package": "nvidia-open-kernel-dkms", "deb_version": "580.142-1", "in_lists": True}, True)
+    assert (got["present"], got["path"], got["origin"], got["fetchable"], got["remedy"]) == \
+        (True, "/var/cache/x/580.142", "cache", False, None)
+
+
+def test_source_version_from_the_installed_server_sibling():
+    """Not in the lists: the version comes from the installed common package of the same source, the server one
+    for the server flavour (kills: the server sibling's name)."""
+    from spark_memsaver.decide import sources
+    cands = sources.source_package("580.142", {"nvidia_ko": "/lib/modules/k/kernel/nvidia-580srv-open/nvidia.ko"})
+    got = sources.choose("580.142", cands, {}, {"nvidia-kernel-common-580-server": "580.142-0ubuntu1"})
+    assert got == {"package": "nvidia-kernel-source-580-server-open", "deb_version": "580.142-0ubuntu1",
+                   "in_lists": False}
+
+
+def test_driver_sources_section_per_driver():
+    """World.driver_sources for three installed drivers: one in /usr/src (origin usr-src when unsaid), one fetched
+    into the cache (its record names the package and version it came from), one missing but in APT's lists
+    (fetchable, with the exact install command); the pending fetches carried (kills: the present tree's "path"
+    and default origin, a present tree's chosen defaults (in_lists), the record lookup's `is not None`, `==`
+    and `rec = None`, each key read from the record and its in_lists, the "pending" key)."""
+    from spark_memsaver.decide import sources
+    cached = "/var/cache/spark-memsaver/sources/580.178.04"
+    facts = {"mode": "auto", "installed": {}, "cache": {"entries": []}, "pending": {"drivers": ["595.45.04"]},
+             "trees": [{"version": "580.142", "path": "/usr/src/nvidia-580.142"},
+                       {"version": "580.178.04", "path": cached, "origin": "cache"}],
+             "entries": [{"path": cached, "package": "nvidia-kernel-source-580-open",
+                          "deb_version": "580.178.04-0ubuntu1"},
+                         {"path": "/somewhere/else", "package": "nvidia-open-kernel-dkms", "deb_version": "1.0-1"}],
+             "versions": ["580.142", "580.178.04", "590.48.01"], "missing": ["590.48.01"],
+             "layouts": {"590.48.01": {}}}
+    got = sources.section(facts, {"nvidia-kernel-source-590-open": ["590.48.01-0ubuntu1"]}, True)
+    assert got["pending"] == {"drivers": ["595.45.04"]} and got["apt"] == "read"
+    assert got["by_driver"] == {
+        "580.142": {"present": True, "path": "/usr/src/nvidia-580.142", "origin": "usr-src", "package": None,
+                    "deb_version": None, "in_lists": False, "fetchable": False, "remedy": None},
+        "580.178.04": {"present": True, "path": cached, "origin": "cache", "package": "nvidia-kernel-source-580-open",
+                       "deb_version": "580.178.04-0ubuntu1", "in_lists": False, "fetchable": False, "remedy": None},
+        "590.48.01": {"present": False, "path": None, "origin": None, "package": "nvidia-kernel-source-590-open",
+                      "deb_version": "590.48.01-0ubuntu1", "in_lists": True, "fetchable": True,
+                      "remedy": "sudo apt-get install nvidia-kernel-source-590-open=590.48.01-0ubuntu1"}}
+
+
+# --- decide/hazards.py (full run, 3 December) -----------------------------------------------------------------
+
+def _h1269():
+    from spark_memsaver.decide import hazards as hz
+    (h,) = [h for h in hz.load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())
+            if h.reference.endswith("#1269")]
+    return h
+
+
+def test_hazard_assessment_reasons_word_for_word():
+    """`status` shows each assessment's reason as its finding's text: the platform refusals, the unobserved
+    node, the content check that could not decide (with what the version alone says, when it says anything),
+    a failed read decided by version, and the version-only verdicts inside and outside the range (kills: the
+    state names, every reason's wording and separators, the page size shown raw at 0, ``by_version = ""``,
+    the hint's "" and None, inside/outside and its ==, the missing version's "" -> "XXXX"; frozen Assessment)."""
+    import dataclasses
+    from spark_memsaver.decide import hazards as hz
+    h = _h1269()
+    ref = "NVIDIA/open-gpu-kernel-modules#1269"
+
+    def a(**kw):
+        kw = {"driver_version": "580.142", "arch": "aarch64", "page_size": 65536, "nv_linux_h_text": None, **kw}
+        r = hz.assess(h, **kw)
+        return r.state, r.decided_by, r.reason
+    assert (hz.AFFECTED, hz.NOT_AFFECTED, hz.UNKNOWN) == ("affected", "not-affected", "unknown")
+    assert a(arch="x86_64") == ("not-affected", "platform", f"{ref} needs aarch64; this node is x86_64")
+    assert a(page_size=4096) == ("not-affected", "platform",
+                                 f"{ref} needs 16 KiB or 64 KiB pages; this kernel uses 4 KiB")
+    assert a(page_size=0)[2] == f"{ref} needs 16 KiB or 64 KiB pages; this kernel uses 0"
+    assert a(arch=None) == ("unknown", None, "the node's architecture or page size was not observed")
+    undefined = "the driver source could not be read for NV_DMA_SUBMAP_MAX_PAGES: NV_DMA_SUBMAP_MAX_PAGES is not " \
+                "defined in this file"
+    assert a(nv_linux_h_text="#define X 1\n") == ("unknown", "content", undefined + "; by version alone (590.44.01 "
+                                                  "and newer) driver 580.142 would be not-affected")
+    assert a(nv_linux_h_text="#define X 1\n", driver_version=None) == ("unknown", "content", undefined)
+    assert a(read_error="too big", driver_version="590.48.01") == (
+        "affected", "version", "hazard check could not read nv-linux.h: too big; decided by the version range "
+        "590.44.01 and newer: driver 590.48.01 is inside it")
+    assert a(read_error="too big")[2].endswith("driver 580.142 is outside it")
+    assert a(read_error="too big", driver_version=None) == (
+        "unknown", None, "hazard check could not read nv-linux.h: too big; no readable driver version")
+    assert a(driver_version="590.48.01") == (
+        "affected", "version", "no driver source on this node (precompiled modules): decided by the version range "
+        "590.44.01 and newer, not by the source; driver 590.48.01 is inside it")
+    assert a()[2].endswith("driver 580.142 is outside it")
+    assert a(driver_version=None)[2] == "no driver source on this node and no readable driver version"
+    assert a(driver_version="abc")[2] == "no driver source on this node and no readable driver version ('abc')"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hz.assess(h, driver_version=None, arch=None, page_size=None, nv_linux_h_text=None).state = "affected"
+
+
+def test_a_failing_content_check_is_cut_at_400_characters(monkeypatch):
+    """Any failure of the content check leaves the version to decide, its reason cut at 400 characters
+    (kills: [:400] -> [:401])."""
+    from spark_memsaver.decide import hazards as hz
+
+    def boom(*a):
+        raise RuntimeError("x" * 1000)
+    monkeypatch.setattr(hz, "content_verdict", boom)
+    r = hz.assess(_h1269(), driver_version="580.142", arch="aarch64", page_size=65536, nv_linux_h_text="x")
+    cut = ("RuntimeError: " + "x" * 1000)[:400]
+    assert r.details["check_failed"] == "hazard check could not read nv-linux.h: " + cut
+
+
+def test_content_verdict_reasons_and_details_word_for_word():
+    """What nv-linux.h's NV_DMA_SUBMAP_MAX_PAGES says at a page size, in the finding's words: fixed (aligned),
+    an older tree (no 2 MiB alignment to rely on), affected, and sizes that are no submap (0, past 4 GiB, exactly
+    4 GiB allowed); an empty or binary file (kills: each reason's wording, b // ps -> b / ps, the bounds
+    <= 0 / > 1 << 32, the details' keys, _lowbit's n & -n)."""
+    from spark_memsaver.decide import hazards as hz
+    sig = _h1269().signature
+    m = "NV_DMA_SUBMAP_MAX_PAGES"
+
+    def cv(text, ps):
+        c = hz.content_verdict(sig, text, ps)
+        return c.state, c.reason, c.details
+    assert cv(f"#define {m} 512\n", 65536) == (
+        "not-affected", f"this tree keeps 2 MiB alignment for {m} at 64 KiB pages (0x2000000 bytes): the fault is "
+        "fixed in it", {"macro": m, "submap_bytes": 1 << 25, "reference_submap_bytes": 1 << 21, "alignment": 1 << 21})
+    assert cv(f"#define {m} 32767\n", 65536)[:2] == (
+        "not-affected", f"this tree keeps only 4 KiB alignment for {m} on 4 KiB kernels, so it does not rely on "
+        "2 MiB alignment (as in older drivers)")
+    split = (f"#if defined(CONFIG_ARM64_64K_PAGES)\n#define {m} 33\n#else\n#define {m} 512\n#endif\n")
+    assert cv(split, 65536)[:2] == (
+        "affected", f"{m} at 64 KiB pages gives a 0x210000-byte submap, not a multiple of 2 MiB, while this tree "
+        "relies on 2 MiB alignment (0x200000 bytes at 4 KiB pages)")
+    assert cv(f"#define {m} 0\n", 65536)[:2] == (
+        "unknown", f"{m} is 0 pages at 4 KiB pages (0x0 bytes), not a submap size of at most 4 GiB")
+    assert cv(f"#define {m} 1048577\n", 4096)[:2] == (
+        "unknown", f"{m} is 1048577 pages at 4 KiB pages (0x100001000 bytes), not a submap size of at most 4 GiB")
+    assert cv(f"#define {m} 1048576\n", 4096)[0] == "not-affected"              # 4 GiB itself is a submap size
+    assert cv("  \n", 65536) == ("unknown", "the file is empty", {})
+    assert cv("a\x00b", 65536) == ("unknown", "the file is not text (NUL bytes)", {})
+
+
+def test_hazard_finding_message_and_remedy_word_for_word():
+    """The status finding of an affected node: where (driver, arm64, page size; no driver when only the content
+    decided), what, and how it was decided; the remedies joined by '; or ', capitalised, with the link (kills:
+    the where parts and separator, "arm64" and its test, each "how" wording and its check_failed key, the
+    remedies' separator)."""
+    from spark_memsaver.decide import hazards as hz
+    h = _h1269()
+    m = "NV_DMA_SUBMAP_MAX_PAGES"
+    split = (f"#if defined(CONFIG_ARM64_64K_PAGES)\n#define {m} 33\n#else\n#define {m} 512\n#endif\n")
+    head = ("GPU allocations of 4 GiB or more made with cudaMalloc/cuMemCreate fault just below each 4 GiB boundary "
+            "on this node (")
+    mid = ("): NVIDIA/open-gpu-kernel-modules#1269, a fault in nvidia.ko, not in spark-memsaver; cudaMallocManaged "
+           "is not affected (")
+
+    def f(**kw):
+        kw = {"driver_version": "590.48.01", "arch": "aarch64", "page_size": 65536, "nv_linux_h_text": None, **kw}
+        return hz.finding(h, hz.assess(h, **kw))
+    got = f(driver_version=None, nv_linux_h_text=split)
+    assert got["message"] == head + "arm64, 64 KiB pages" + mid + "decided from nv-linux.h in the driver source)."
+    assert got["remedy"] == (
+        "Stay on (or go back to) the 580 driver branch: the DGX OS default and the branch validated on hardware "
+        "(DGX OS and Ubuntu: 'sudo apt-get install nvidia-driver-580-open', then reboot); or boot a 4 KiB-page "
+        "kernel (the fault needs 16 KiB or 64 KiB pages). Details: "
+        "https://github.com/NVIDIA/open-gpu-kernel-modules/issues/1269.")
+    assert (got["code"], got["severity"]) == ("driver-hazard-dma-submap", "warning")
+    assert f(page_size=16384, read_error="x")["message"] == (
+        head + "driver 590.48.01, arm64, 16 KiB pages" + mid + "decided by the driver version (590.44.01 and newer): "
+        "the driver source's nv-linux.h could not be read).")
+    assert f()["message"] == (head + "driver 590.48.01, arm64, 64 KiB pages" + mid + "decided by the driver version "
+                              "(590.44.01 and newer): no driver source on this node).")
+
+
+def test_hazard_findings_from_inputs_word_for_word(monkeypatch):
+    """The table missing or invalid is one info finding naming why and where; a file that could not be read is
+    an info finding naming it under the source path, what decided instead, and how to restore it; no driver
+    version but the source decides; a check that raises is cut at 400 characters; a platform refusal names every
+    architecture; a content verdict is frozen (kills: every wording, key and separator of those findings, the
+    table path's `or`/`and`, ``and not sources`` -> ``and sources``, the source path's key and files[0], the
+    /usr/src test, the raise's [:400] and wording, '/'.join, ContentVerdict frozen)."""
+    import dataclasses
+    from spark_memsaver.decide import hazards as hz
+    remedy = hz.HazardsInvalid.remedy
+    tail = ": known NVIDIA driver faults are not checked."
+    assert hz.findings_from_inputs({"table": {"path": "/usr/share/x/hazards.yaml", "text": None}}) == [
+        {"code": "hazards-table-unreadable", "severity": "info",
+         "message": "The known-hazards table could not be read (not found: /usr/share/x/hazards.yaml)" + tail,
+         "remedy": remedy}]
+    assert hz.findings_from_inputs({"table": {"text": None}})[0]["message"] == \
+        "The known-hazards table could not be read (not found: hazards.yaml)" + tail
+    assert hz.findings_from_inputs({"table": {"path": "/x/hazards.yaml", "text": "hazards: [\n"}}) == [
+        {"code": "hazards-invalid", "severity": "info", "remedy": remedy,
+         "message": "/x/hazards.yaml: not valid YAML (ParserError)" + tail}]
+    assert hz.findings_from_inputs({"table": {"text": "hazards: [\n"}})[0]["message"].startswith("hazards.yaml: ")
+    table = {"path": "/x/hazards.yaml", "text": (REPO / "uvm_patch/hazards.yaml").read_text()}
+    src = "/usr/src/nvidia-590.48.01"
+    inputs = {"table": table, "driver_version": "590.48.01", "arch": "aarch64", "page_size": 65536,
+              "source_errors": {"common/inc/nv-linux.h": "too big"}, "source_path": src}
+    restore = (f"Restore NVIDIA's file: sudo apt-get install --reinstall \"$(dpkg -S {src}/common/inc/nv-linux.h | "
+               "cut -d: -f1)\". ")
+    report = "If it is NVIDIA's file unchanged, report this as a spark-memsaver bug with the file attached."
+    head = ("The known-hazard check of NVIDIA/open-gpu-kernel-modules#1269 skipped the driver source: hazard check "
+            "could not read nv-linux.h: too big; ")
+    got = hz.findings_from_inputs(inputs)
+    assert got[0] == {"code": "hazard-check-failed", "severity": "info", "remedy": restore + report,
+                      "message": head + "driver 590.48.01 was judged by its version (590.44.01 and newer) instead."}
+    assert [f["code"] for f in got] == ["hazard-check-failed", "driver-hazard-dma-submap"]
+    got = hz.findings_from_inputs(dict(inputs, driver_version=None, sources={"unrelated": "x"}, source_path="src"))
+    assert got == [{"code": "hazard-check-failed", "severity": "info", "remedy": report,
+                    "message": head + "no driver version to judge by either."}]
+    m = "NV_DMA_SUBMAP_MAX_PAGES"
+    split = f"#if defined(CONFIG_ARM64_64K_PAGES)\n#define {m} 33\n#else\n#define {m} 512\n#endif\n"
+    got = hz.findings_from_inputs(dict(inputs, driver_version=None, source_errors={},
+                                       sources={"common/inc/nv-linux.h": split}))
+    assert [f["code"] for f in got] == ["driver-hazard-dma-submap"]         # the source decides without a version
+    real = hz.assess
+
+    def assess(h, **kw):
+        if kw.get("nv_linux_h_text") is not None:
+            raise RuntimeError("y" * 1000)
+        return real(h, **kw)
+    monkeypatch.setattr(hz, "assess", assess)
+    got = hz.findings_from_inputs(dict(inputs, source_errors={}, sources={"common/inc/nv-linux.h": split}))
+    assert got[0]["message"] == ("The known-hazard check of NVIDIA/open-gpu-kernel-modules#1269 skipped the driver "
+                                 "source: hazard check could not read nv-linux.h: "
+                                 + ("RuntimeError: " + "y" * 1000)[:400] + "; driver 590.48.01 was judged by its "
+                                 "version (590.44.01 and newer) instead.")
+    monkeypatch.setattr(hz, "assess", real)
+    two = dataclasses.replace(_h1269(), arch=("aarch64", "x86_64"))
+    assert hz.assess(two, driver_version=None, arch="riscv64", page_size=4096, nv_linux_h_text=None).reason == \
+        "NVIDIA/open-gpu-kernel-modules#1269 needs aarch64/x86_64; this node is riscv64"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hz.content_verdict(two.signature, "", 65536).state = "affected"

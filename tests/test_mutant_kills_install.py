@@ -10,6 +10,9 @@ import pytest
 from spark_memsaver.config import Config
 from spark_memsaver.decide.installability import installability
 from tests.test_installability import DRV, K, _pure_snap
+from tests.support.worlds import typed
+
+installability = typed(installability)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 
 def _decide(snap, support=None):
@@ -139,7 +142,7 @@ def test_policy_refusals_say_nothing_is_broken_and_what_would_pack():
           "PREEMPT_RT; boot a kernel without PREEMPT_RT to use packing.")
     for kernels in ("64k-only", "all"):
         s = _pure_snap(K, sources=[DRV])
-        s["kernels"][0]["preempt_rt"] = True
+        s["kernels"][0]["kconfig"] = {"CONFIG_ARM64": "y", "CONFIG_ARM64_64K_PAGES": "y", "CONFIG_PREEMPT_RT": "y"}
         d = installability(s, Config(kernels=kernels), {DRV: {"supported": True}}, K)
         assert [(m["code"], m["remedy"]) for m in d["missing"]] == [("kernel-outside-policy", rt)], d
     s = _pure_snap(K, sources=[DRV])

@@ -4,6 +4,8 @@ document in, the text out) and names the mutants it kills."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from spark_memsaver.report import summary
@@ -206,7 +208,7 @@ def test_metrics_without_a_sample_read_the_document():
     """Without the daemon's sample: the document's figures, packing from its uvm counters, the time from its
     generated_at; no sample-only series; a hold or MOK request that is absent or unreadable reads 0; a label
     value is escaped (backslash, quote, newline) and loses control characters (kills: the fallbacks, the
-    escaping)."""
+    escaping; the kernel's and state's `or ""`, the time's 3 decimals)."""
     from spark_memsaver.report.metrics import exposition
     text = exposition(METRICS_DOC)
     assert 'spark_memsaver_saved_bytes{driver="580.142",kernel="6.14.0-1015-nvidia-64k",tier="leaf"} 1000' in text
@@ -221,9 +223,31 @@ def test_metrics_without_a_sample_read_the_document():
     assert "spark_memsaver_rollbacks_total 0\n" in text and "spark_memsaver_last_sample_timestamp_seconds 1.0\n" in text
     assert 'version="a\\"b\\\\c\\nde"' in text
     assert f'spark_memsaver_saved_bytes{{driver="580.142",kernel="6.14.0-1015-nvidia-64k",tier="leaf"}} 0' in text
+    # a document without kernel or state: empty label values, never a made-up one; the sample's time in ms
+    doc = {k: v for k, v in METRICS_DOC.items() if k != "state"}
+    doc["host"] = {"page_size": 65536}
+    text = exposition(doc, sample_time=1.23456)
+    assert 'spark_memsaver_info{version="1.2.3",driver="580.142",kernel="",tier="leaf",state=""} 1\n' in text
+    assert "spark_memsaver_last_sample_timestamp_seconds 1.235\n" in text
     # a MOK request only counts while the enrollment is pending
     doc = dict(METRICS_DOC, secure_boot={"state": "enrolled", "last_request": {"requested_at": "2026-12-01T10:00:00Z"}})
     assert "spark_memsaver_mok_pending_since_seconds 0\n" in exposition(doc)
+
+
+def test_metrics_of_an_empty_document_are_zero_unknown_or_empty():
+    """A document that says nothing (an old or broken one) still gives every series: empty label values, 0 bytes, page
+    size 0, Secure Boot "unknown", an operation whose time cannot be read at 0; a label keeps its spaces (kills:
+    the `or ""` of driver, tier and version, `or 0` -> `or 1` of the backing bytes and page size, "unknown"'s
+    spelling, the default 0 of the newest operation time, `c >= " "` -> `c > " "`)."""
+    from spark_memsaver.report.metrics import exposition
+    text = exposition({}, sample_time=7, events=[{"op": "install", "ok": True, "time": "not a time"}])
+    assert 'spark_memsaver_info{version="",driver="",kernel="",tier="",state=""} 1\n' in text
+    assert 'spark_memsaver_backing_bytes{driver="",kernel="",tier=""} 0\n' in text
+    assert "spark_memsaver_page_size_bytes 0\n" in text
+    assert 'spark_memsaver_secure_boot_state{state="unknown"} 1\n' in text
+    assert 'spark_memsaver_last_operation_timestamp_seconds{op="install",result="ok"} 0\n' in text
+    text = exposition(dict(METRICS_DOC, version="1.2.3 beta 1"), sample_time=7)
+    assert 'spark_memsaver_info{version="1.2.3 beta 1",' in text
 
 
 # --- report/mok.py -------------------------------------------------------------------------------------------
@@ -276,6 +300,8 @@ def test_mok_status_text_rows():
                         "Certificate:         /y (dkms)", "  subject:           CN=y",
                         "  sha256:            " + "ef" * 32, "  not after:         2030-01-01T00:00:00Z",
                         "Kernel:              lockdown=n/a sig_enforce=Y"]
+    sb["kernel"] = {"lockdown": "none", "sig_enforce": False, "key_loaded": False}     # our key not in the keyring
+    assert render_text(sb).split("\n")[-1] == "Kernel:              lockdown=none sig_enforce=N key loaded=no"
 
 
 # --- report/document.py --------------------------------------------------------------------------------------
@@ -419,3 +445,100 @@ def test_status_text_of_a_bare_root_and_without_verbose():
     assert rows[9].startswith("Source cache:       2 trees (580.178.04 from nvidia-kernel-source-580-open "
                               "580.178.04-0ubuntu1, 590.48.01 from p 1), 1.00 GiB in ")
     assert rows[10].startswith("nvidia-uvm:")
+
+
+def test_status_document_carries_the_hold_and_the_config(tmp_path):
+    """`status --json` (and GetStatus, metrics) carry the administrator's hold with its reason, and the config the
+    verdict was made under (kills: the "hold", "config" and hold "reason" keys)."""
+    from spark_memsaver.config import Config
+    from spark_memsaver.host import Host, holds
+    from spark_memsaver.report import document
+    from tests.support import sparkroot
+    k = sparkroot.SPARK_KERNEL
+    host = Host(str(sparkroot.make_spark_root(tmp_path / "r", ours_installed="580.142")))
+    rec = holds.hold(host, "rollback", k, "GPU fault under load")
+    doc, _ = document.status_of(host, Config())
+    assert doc["hold"] == {"by": "rollback", "since": rec["since"], "kernel": k, "reason": "GPU fault under load",
+                           "text": f"held since {rec['since']}, by rollback; `sudo spark-memsaver install` resumes",
+                           "resume": "sudo spark-memsaver install"}
+    assert doc["config"] == {"kernels": "64k-only", "tier": "leaf", "interval": 60, "source": "defaults"}
+
+
+def test_status_document_names_each_source_module_and_patch_verdict(tmp_path):
+    """The document lists each driver source with whether it is an open tree, each kernel's selected nvidia-uvm
+    with its srcversion and vermagic, the loaded one's version and parameters, the source cache (driver_sources),
+    and the manifest's verdict on each source; `status --json` prints it 2-space indented in the order it is built
+    (schema first) (kills: the "open", "origin", "srcversion", "vermagic", uvm's "version" and "parameters",
+    "driver_sources", "patch" and each of its five keys, ``support or {}`` -> ``and``, dumps' indent and
+    sort_keys)."""
+    from spark_memsaver.config import Config
+    from spark_memsaver.host import Host
+    from spark_memsaver.report import document
+    from tests.support import sparkroot
+    host = Host(str(sparkroot.make_spark_root(tmp_path / "r", ours_installed="580.142")))
+    doc, _ = document.status_of(host, Config())
+    assert doc["driver"]["sources"] == [{"version": "580.142", "path": "/usr/src/nvidia-580.142", "open": True,
+                                         "origin": "usr-src"}]
+    assert doc["uvm"] == {"loaded": True, "version": "580.142", "srcversion": sparkroot.STOCK_UVM_SRCVERSION,
+                          "patched": False, "parameters": {"uvm_disable_hmm": "N", "uvm_page_table_location": "(null)"},
+                          "packing": None}
+    assert doc["driver_sources"]["mode"] == "auto" and doc["driver_sources"]["cache"]["entries"] == []
+    sel = doc["kernels"][0]["uvm_selected"]
+    assert sel["srcversion"] == sparkroot.OURS_UVM_SRCVERSION and sel["vermagic"].startswith(sparkroot.SPARK_KERNEL)
+    patch = doc["driver"]["patch"]["580.142"]
+    assert patch == {"supported": True, "qualification": "untested", "by": "content", "inherited_from": None,
+                     "drifted": ["nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/uvm_mmu.c",
+                                 "nvidia-uvm/uvm_mmu.h"]}
+    text = document.dumps(doc)
+    assert text.startswith('{\n  "schema": ') and json.loads(text) == doc
+    assert list(json.loads(text)) == list(doc)
+
+
+def test_status_text_edges_of_sources_cache_validation_and_units():
+    """A source that is not supported says so even with a qualification; an empty cache with no leftover bytes
+    says only where it is; a validation record without outcome shows '?', without reason or time nothing; a hold
+    without its text says "held"; an unknown page size '?'; an unknown trust "unknown"; pending fetches are
+    listed with ', ' (kills: ``supported and qualification`` -> ``or``, the empty cache's "" -> "XXXX", the
+    defaults '?', '' and "" of the validation row, "held", the Kernel row's '?', "unknown", the ', ' separator,
+    the GiB divisor)."""
+    from spark_memsaver.report import document
+    assert document._source_text({"version": "599.1.1"}, {"599.1.1": {"supported": False,
+                                                                      "qualification": "compile-verified"}}) \
+        == "599.1.1: not supported"
+    assert document._source_cache_rows({"mode": "auto", "cache": {"dir": "/c", "bytes": 0, "entries": []}}) == \
+        [("Source cache", "empty (/c); source_fetch: auto")]
+    assert document._mib(1476395008) == "1.38 GiB"            # 1.375 GiB exactly: rounds half to even, up
+    doc = _status_doc()
+    doc["records"] = {"last_validation": {"reason": "interrupted"}}
+    assert "Last validation:    ?: interrupted" in document.render_text(doc).split("\n")
+
+    def row(d, label, verbose=False):
+        return [ln[len(label) + 1:].lstrip(" ") for ln in document.render_text(d, verbose).split("\n")
+                if ln.startswith(label + ":")]
+    doc["records"] = {"last_validation": {"outcome": "passed"}}
+    assert row(doc, "Last validation") == ["passed: "]
+    doc["hold"] = {}
+    assert row(doc, "Hold") == ["held"]
+    doc["host"]["page_size"] = None
+    assert row(doc, "Kernel") == ["6.14.0-1015-nvidia-64k (aarch64, ? KiB pages)"]
+    doc["secure_boot"]["kernel"] = {}
+    assert row(doc, "Signing key") == [f"sha256 {'ab' * 32} (/var/lib/dkms/mok.pub); trusted by the running "
+                                       "kernel: unknown"]
+    doc["driver_sources"]["pending"]["drivers"] = ["590.48.01", "595.45.04"]
+    assert row(doc, "Source fetch", verbose=True) == ["pending for 590.48.01, 595.45.04: runs when apt/dpkg exit "
+                                                      "(dpkg is running)"]
+
+
+def test_node_identity_reads_a_hostname_that_is_not_ascii(tmp_path):
+    """An image's /etc/hostname with bytes outside ASCII is read with replacement characters, never an error; a
+    machine-id that is not 32 hex digits is none (kills: the errors="replace" handler's name, the id test's
+    ``and`` -> ``or``)."""
+    from spark_memsaver.host import Host
+    from spark_memsaver.report import document
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/hostname").write_bytes("nod\u00e9\n".encode())
+    assert document.node_identity(Host(str(tmp_path)))["hostname"] == "nod\ufffd\ufffd"
+    (tmp_path / "etc/machine-id").write_text("not-a-machine-id\n")          # only 32 hex digits are an id
+    assert document.node_identity(Host(str(tmp_path)))["machine_id"] is None
+    (tmp_path / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    assert document.node_identity(Host(str(tmp_path)))["machine_id"] == "0123456789abcdef0123456789abcdef"

@@ -124,6 +124,7 @@ def test_unit_keeps_what_the_daemon_must_do():
     s = _unit_settings((REPO / "systemd/spark-memsaverd.service").read_text())
     assert s["Type"] == ["dbus"] and s["BusName"] == [BUS_NAME]
     assert s["ExecStart"] == ["/usr/bin/spark-memsaverd"] and s["Restart"] == ["on-failure"]
+    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]       # the daemon re-reads its config on SIGHUP
     assert s["ProtectSystem"] == ["strict"]
     rw = {p.lstrip("-") for v in s["ReadWritePaths"] for p in v.split()}
     for path in ("/var/lib/dkms", "/lib/modules", "/usr/lib/modules", "/usr/src", "/boot", "/etc/dkms"):

@@ -18,6 +18,9 @@ from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide import policy
 from spark_memsaver.host import Host
 from tests.support import needs
+from tests.support.worlds import typed
+
+rc = typed(rc)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 K = "6.14.0-1015-nvidia-64k"
 ARM64_64K = "CONFIG_ARM64=y\nCONFIG_ARM64_64K_PAGES=y\nCONFIG_MODVERSIONS=y\n"

@@ -35,6 +35,9 @@ from tests.support import driverdeb, needs, nvsrc
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = up.load_manifest(REPO / "uvm_patch")
 VERIFIED = [(v, e) for e in MANIFEST.entries if e.qualification in qual.VERIFIED for v in e.versions]
+#: the shipped level of each listed version (Debian's trees are nvidia-tests since their 64/4 KiB runs): a tree with
+#: the same hooked files inherits exactly that level
+LEVEL = {v: e.qualification for e in MANIFEST.entries for v in e.versions or ()}
 MMU = "nvidia-uvm/uvm_mmu.c"
 # what check_source reads: the layout check, the version, the three hooked files
 FILES = ["Kbuild", "Makefile", "conftest.sh", "dkms.conf", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
@@ -128,7 +131,12 @@ def _edited(tmp_path: Path, edit) -> Path:
 
 
 def _r550(d):
-    return next(e for e in d["drivers"] if e.get("versions") == ["550.163.01"])
+    """550.163.01's entry made a plain compile-verified one, whatever level the shipped manifest gives it: the
+    validation rules below are about a compile-verified entry and its hashes."""
+    e = next(e for e in d["drivers"] if e.get("versions") == ["550.163.01"])
+    e["qualification"] = "compile-verified"
+    e.pop("nvidia_tests", None)
+    return e
 
 
 @pytest.mark.parametrize("bad", ["missing-file", "extra-file", "not-a-sha", "unknown-version", "on-untested"])
@@ -296,17 +304,17 @@ def test_real_upstream_releases_by_content(tag, match, qualification, inherited_
 
 
 def test_unlisted_version_with_identical_hooked_files_is_accepted_by_content(tmp_path):
-    """555.58.99 (Debian's 555.58.02 relabelled; no entry, no range) inherits compile-verified from 555.58.02 and
+    """555.58.99 (Debian's 555.58.02 relabelled; no entry, no range) inherits 555.58.02's level and
     is applied without --allow-untested; with one byte of uvm_mmu.c changed it is refused as before."""
     tree = _relabelled("555.58.02", "555.58.99", tmp_path / "src")
     r = up.check_source(tree)
-    assert (r["match"], r["qualification"], r["by"], r["inherited_from"]) == ("content", "compile-verified",
+    assert (r["match"], r["qualification"], r["by"], r["inherited_from"]) == ("content", LEVEL["555.58.02"],
                                                                               "content", "555.58.02")
     out = tmp_path / "out"
     out.mkdir()
     m = up.apply_patch(tree, out / "p")
     marker = json.loads((out / "p" / up.MARKER).read_text())
-    assert (marker["qualification"], marker["by"], marker["inherited_from"]) == ("compile-verified", "content",
+    assert (marker["qualification"], marker["by"], marker["inherited_from"]) == (LEVEL["555.58.02"], "content",
                                                                                  "555.58.02")
     assert m["match"] == "content"
 
@@ -325,7 +333,7 @@ def test_listed_version_with_changed_content_is_not_compile_verified(tmp_path):
     """A tree labelled 550.163.01 (an exact compile-verified entry) whose uvm_mmu.h differs is not what was
     compiled: untested, by content, drifted names the file (the dry run still decides)."""
     tree = _relabelled("550.163.01", "550.163.01", tmp_path / "src")
-    assert up.check_source(tree)["qualification"] == "compile-verified"
+    assert up.check_source(tree)["qualification"] == LEVEL["550.163.01"]
     _one_byte(tree, "nvidia-uvm/uvm_mmu.h")
     r = up.check_source(tree)
     assert (r["match"], r["qualification"], r["by"], r["drifted"]) == ("exact", "untested", "content",
@@ -337,17 +345,19 @@ def test_daemon_support_reads_the_trees_in_the_snapshot(tmp_path):
     """support_for (act/steps.py's, the planner's and installability's verdict) with the snapshot's trees:
     550.163.02 = 550.163.01's files relabelled -> supported, compile-verified by content; 555.58.99 with a drifted
     uvm_mmu.c -> not supported, the reason names the manifest (decide/plan maps that to driver-unsupported)."""
+    from spark_memsaver.model import world_of
     root = tmp_path / "root"
     _relabelled("550.163.01", "550.163.02", root / "usr/src/nvidia-550.163.02")
     _one_byte(_relabelled("555.58.02", "555.58.99", root / "usr/src/nvidia-555.58.99"))
     host = Host(root=str(root))
-    snap = {"driver": {"sources": [{"version": "550.163.02", "path": "/usr/src/nvidia-550.163.02", "open": True},
-                                   {"version": "555.58.99", "path": "/usr/src/nvidia-555.58.99", "open": True}]}}
+    snap = world_of({"driver": {"sources": [
+        {"version": "550.163.02", "path": "/usr/src/nvidia-550.163.02", "open": True},
+        {"version": "555.58.99", "path": "/usr/src/nvidia-555.58.99", "open": True}]}})
     trees = up.source_trees(host, snap)
     assert set(trees) == {"550.163.02", "555.58.99"}
     sup = up.support_for(["550.163.02", "555.58.99", "580.178.04"], trees)
     assert sup["550.163.02"]["supported"] is True
-    assert (sup["550.163.02"]["qualification"], sup["550.163.02"]["inherited_from"]) == ("compile-verified",
+    assert (sup["550.163.02"]["qualification"], sup["550.163.02"]["inherited_from"]) == (LEVEL["550.163.01"],
                                                                                          "550.163.01")
     assert sup["555.58.99"]["supported"] is False
     assert "not in this release's patch manifest" in sup["555.58.99"]["reason"] and MMU in sup["555.58.99"]["reason"]
@@ -399,10 +409,10 @@ def test_status_shows_the_verdict_by_content(tmp_path):
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "daemon")))
     assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr
     patch = json.loads(p.stdout)["driver"]["patch"]
-    assert patch["550.163.02"] == {"supported": True, "qualification": "compile-verified", "by": "content",
+    assert patch["550.163.02"] == {"supported": True, "qualification": LEVEL["550.163.01"], "by": "content",
                                    "inherited_from": "550.163.01", "drifted": []}
     # the fixture's 580.142 tree is a stand-in without UVM sources: not what was compiled
     assert patch[sparkroot.DRIVER]["qualification"] == "untested" and MMU in patch[sparkroot.DRIVER]["drifted"]
     text = subprocess.run([sys.executable, "-m", "spark_memsaver", "--root", str(root), "status", "--verbose"],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "daemon"))).stdout
-    assert "550.163.02: compile-verified by content from 550.163.01" in text, text
+    assert f"550.163.02: {LEVEL['550.163.01']} by content from 550.163.01" in text, text

@@ -98,7 +98,7 @@ def test_status_reports_a_bad_record_and_never_renames_it(template, tmp_path, ki
 def test_reconcile_plans_on_a_root_with_a_bad_record(template, tmp_path, kind, shape):
     root = _root(template, tmp_path, kind, BAD[shape])
     snap, _, steps = executor.plan_now(Host(root), Config(), rebuild=False)
-    assert [q["path"] for q in snap["records"]["quarantined"]] == [f"/{WHERE[kind]}"]
+    assert [q["path"] for q in snap.records.quarantined] == [f"/{WHERE[kind]}"]
     assert not [s for s in steps if s.action == "blocked"]
     assert not _aside(root, kind)                                          # planning reads only
     drops = [s.path for s in steps if s.action == "drop-record"]

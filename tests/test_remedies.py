@@ -28,6 +28,9 @@ from tests.support import sparkroot
 from tests.support.cliparse import parse, split
 from tests.test_decide import CASES, K, base_snapshot, module, ours_loaded
 from tests.test_exit_codes import _all_errors
+from tests.support.worlds import typed
+
+evaluate, inst = typed(evaluate), typed(inst)   # dict snapshots -> model.World (tests/support/worlds.py)
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
@@ -84,6 +87,11 @@ def _variants() -> dict:
     v("record_quarantined", lambda s: s["records"].update(quarantined=[
         {"path": "/var/lib/spark-memsaver/intents/x.json", "kind": "intent", "reason": "not JSON", "moved_to": None},
         {"path": "/var/lib/spark-memsaver/y.json", "kind": "build", "reason": "r", "moved_to": "/var/lib/y.bad"}]))
+    def rolled_back_while_loaded(s):      # ours still loaded (in use), the stock module selected, held
+        ours_loaded(s)
+        s["kernels"][0]["uvm_selected"] = module()
+        s["records"].update(holds=[{"by": "rollback", "kernel": K, "since": "2026-12-02T10:00:00Z", "reason": "r"}])
+    v("rolled_back_while_loaded", rolled_back_while_loaded)
     v("held_after_rollback", lambda s: s["records"].update(
         holds=[{"by": "rollback", "kernel": K, "since": "2026-12-02T10:00:00Z", "reason": "r"}],
         rollbacks=[{"kernel": K, "time": "2026-12-02T10:00:00Z", "reason": "requested", "code": "requested"}]))

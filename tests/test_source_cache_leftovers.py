@@ -22,6 +22,7 @@ from spark_memsaver.host import Host, locks, paths
 from spark_memsaver.observe import sources as osrc
 from tests.support import sparkroot
 from tests.test_sources import V, driver_kernels, nvidia_tree
+from spark_memsaver.model import world_of
 
 CACHE = paths.SOURCES_CACHE.lstrip("/")
 
@@ -41,7 +42,7 @@ def test_prune_installed_sweeps_a_killed_fetch(tmp_path):
     st = _killed_fetch(tmp_path)
     assert osrc.cache_summary(host, osrc.cache_entries(host))["bytes"] >= 50 << 20
     drv, kernels = driver_kernels(V)
-    source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})
+    source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))
     assert not st.exists() and os.path.isdir("/etc")
     assert osrc.cache_summary(host, osrc.cache_entries(host))["bytes"] == 0
     # also when the snapshot cannot say which drivers are installed (nothing else is pruned then)
@@ -68,12 +69,12 @@ def test_a_leftover_usr_src_tree_does_not_hide_the_fetched_one(tmp_path):
     assert source_fetch.present(host, V) == paths.source_tree(V)
     assert dkms_run.find_driver_source(host, V) == paths.source_tree(V)
     drv, kernels = driver_kernels(V)
-    assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == []
+    assert source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))["removed"] == []
     assert (tmp_path / paths.source_tree(V).lstrip("/") / "Kbuild").is_file()
     # a complete /usr/src tree still comes first, and then the cached copy goes
     (tmp_path / f"usr/src/nvidia-{V}/conftest.sh").write_text("#!/bin/sh\n")
     assert source_fetch.present(host, V) == dkms_run.find_driver_source(host, V) == f"/usr/src/nvidia-{V}"
-    assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == [V]
+    assert source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))["removed"] == [V]
 
 
 def test_the_dkms_build_script_takes_the_same_tree(tmp_path):

@@ -24,6 +24,7 @@ from spark_memsaver.decide import sources as dsrc
 from spark_memsaver.errors import (ConfigError, SourceChecksumMismatch, SourceFetchDisabled, SourceNotInLists)
 from spark_memsaver.host import Host, paths
 from tests.support import needs
+from spark_memsaver.model import world_of
 
 V = "580.178.04"
 UBU = "580.178.04-0ubuntu0.24.04.1"
@@ -415,13 +416,13 @@ def test_prune_installed_from_a_snapshot(tmp_path, repo):
     drv, kernels = driver_kernels(V)
     unreadable = {"driver": {"loaded_version": None}, "kernels": [{"release": "K", "nvidia_selected": {
         "error": "modinfo failed", "state": "unreadable"}}]}
-    assert source_fetch.prune_installed(host, unreadable) is None        # unknown driver: nothing pruned
+    assert source_fetch.prune_installed(host, world_of(unreadable)) is None        # unknown driver: nothing pruned
     with _DpkgLocks(root):
-        assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels}) is None   # apt runs
-    assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == ["580.142"]
+        assert source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels))) is None   # apt runs
+    assert source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))["removed"] == ["580.142"]
     # the source package got installed meanwhile (/usr/src/nvidia-<v>): the cached copy goes too
     nvidia_tree(root / f"usr/src/nvidia-{V}", V)
-    assert source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})["removed"] == [V]
+    assert source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))["removed"] == [V]
 
 
 # --- the daemon runs a deferred fetch once apt has exited (service/daemon.py, service/monitor.py) ------------
@@ -482,9 +483,9 @@ def test_reconcile_outside_apt_consumes_the_pending_record(tmp_path, repo):
     source_fetch.defer(host, V, "K", "apt holds its locks")
     drv, kernels = driver_kernels(V)
     with _DpkgLocks(root):
-        source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})
+        source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))
         assert osrc.pending(host) is not None                       # apt still runs: kept
-    source_fetch.prune_installed(host, {"driver": drv, "kernels": kernels})
+    source_fetch.prune_installed(host, world_of(dict(driver=drv, kernels=kernels)))
     assert osrc.pending(host) is None
 
 
@@ -595,7 +596,7 @@ def test_real_debian_nvidia_package_fetched_into_a_buildable_tree(tmp_path):
     assert res["package"] == "nvidia-open-kernel-dkms" and res["deb_version"] == debs[-1].name.split("_")[1]
     assert find_driver_source(host, v) == paths.source_tree(v)
     chk = uvm_patch.check_source(host.path(paths.source_tree(v)), runner=host.runner)
-    assert chk["version"] == v and chk["qualification"] == "compile-verified", chk   # raises if it does not apply
+    assert chk["version"] == v and chk["qualification"] == "nvidia-tests", chk   # raises if it does not apply
 
 
 @needs_gi

@@ -35,6 +35,13 @@ class MemsaverError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    @staticmethod
+    def from_dict(d: dict) -> "MemsaverError":
+        """to_dict's inverse for a named error reported as a dict (by the daemon's status child): an exception of
+        that name, code, message and remedy."""
+        cls = type(str(d.get("name") or "Failed"), (MemsaverError,), {"code": str(d.get("code") or "error")})
+        return cls(str(d.get("message") or "failed"), remedy=d.get("remedy") or None)
+
 
 class UsageError(MemsaverError):
     code = "usage"
@@ -50,6 +57,13 @@ class ConfigError(MemsaverError):
 class InspectionError(MemsaverError):
     code = "inspection-impossible"
     exit_code = EXIT_USAGE
+
+
+class WorldInvalid(MemsaverError):
+    """A snapshot in its JSON shape that does not parse into the typed world (spark_memsaver/model.py)."""
+    code = "world-invalid"
+    exit_code = EXIT_FAILED
+    remedy = "The snapshot was not written by this version of spark-memsaver: take a new one (spark-memsaver status)."
 
 
 class CommandNotFound(MemsaverError):

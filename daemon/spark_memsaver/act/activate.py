@@ -30,10 +30,6 @@ class ActivationFailed(MemsaverError):
               "run 'spark-memsaver status' and the kernel log (journalctl -k) for the reason.")
 
 
-def _kernel(snap: dict, release: str) -> dict | None:
-    return next((k for k in snap.get("kernels", []) if k["release"] == release), None)
-
-
 def _install_first(host: Host, config: Config, rel: str) -> str:
     """The remedy when ours is not selected: install, if install would proceed (decide/installability.py),
     else what install is missing, so the remedy never names a command that would be refused."""
@@ -72,17 +68,19 @@ def secure_boot_allows(sb: dict) -> None:
 
 def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM_DEVICE,
              proc_host: Host | None = None, dry_run: bool = False) -> dict:
+    from spark_memsaver.decide import ours
     snap = world.snapshot(host, config)
-    rel = snap["host"]["kernel"]
-    k = _kernel(snap, rel) or {}
-    sel = k.get("uvm_selected") or {}
-    if not sel.get("patched"):
+    rel = snap.host.kernel
+    k = snap.kernel(rel)
+    sel = k.uvm_selected if k else None
+    if not ours.is_ours(sel):
         raise ActivationRefused(f"our nvidia-uvm is not selected for the running kernel {rel} "
-                                f"(selected: {sel.get('path') or 'none'})", remedy=_install_first(host, config, rel))
-    secure_boot_allows(snap.get("secure_boot") or {})
-    drv = rc.base_version(sel.get("version"))
-    loaded_nv = rc.base_version(snap["driver"].get("loaded_version"))
-    disk_nv = rc.base_version((k.get("nvidia_selected") or {}).get("version"))
+                                f"(selected: {(sel.path if sel else None) or 'none'})",
+                                remedy=_install_first(host, config, rel))
+    secure_boot_allows(snap.secure_boot if isinstance(snap.secure_boot, dict) else {})
+    drv = rc.base_version(sel.version)
+    loaded_nv = rc.base_version(snap.driver.loaded_version)
+    disk_nv = rc.base_version(k.nvidia_selected.version) if k.nvidia_selected else None
     if loaded_nv and loaded_nv != drv:
         if disk_nv and disk_nv == drv:
             # the driver on disk is newer than the running one and ours is built for it: a reboot loads both
@@ -95,9 +93,9 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
                       "'sudo spark-memsaver activate'.")
         raise ActivationRefused(f"the loaded nvidia is {loaded_nv} but our nvidia-uvm is built for {drv}",
                                 remedy=remedy)
-    uvm = snap["uvm"]
-    if uvm.get("loaded") and uvm.get("srcversion") and uvm.get("srcversion") == sel.get("srcversion"):
-        return {"activated": True, "already": True, "srcversion": uvm["srcversion"], "path": sel.get("path")}
+    uvm = snap.uvm
+    if uvm.loaded and uvm.srcversion and uvm.srcversion == sel.srcversion:
+        return {"activated": True, "already": True, "srcversion": uvm.srcversion, "path": sel.path}
     holders = observe.uvm_holders(proc_host or host, uvm_device)
     if holders:
         names = ", ".join(f"{h['comm']}[{h['pid']}]" for h in holders)
@@ -105,20 +103,20 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
                 "message": f"{uvm_device} is in use by {names}; our module is selected and will be loaded at "
                            "next boot (or run 'sudo spark-memsaver activate' again after those processes exit)."}
     cmds = []
-    if uvm.get("loaded"):
+    if uvm.loaded:
         cmds.append(["modprobe", "-r", "nvidia_uvm"])
     cmds.append(["modprobe", "nvidia_uvm"])
     if dry_run or not host.is_live:
-        return {"activated": False, "dry_run": True, "would_run": cmds, "expect_srcversion": sel.get("srcversion")}
+        return {"activated": False, "dry_run": True, "would_run": cmds, "expect_srcversion": sel.srcversion}
     # an unload without a reload would leave no nvidia-uvm: the intent lets reconcile load one after a kill
-    with rio.safe_intent(host, "activate", rel, removal=False, srcversion=sel.get("srcversion")):
+    with rio.safe_intent(host, "activate", rel, removal=False, srcversion=sel.srcversion):
         for argv in cmds:
             st.say(progress, "running " + " ".join(argv))
             r = host.run(argv, timeout=120)
             if not r.ok:
                 raise ActivationFailed(f"'{' '.join(argv)}' failed: {(r.stderr or r.stdout).strip()[-300:]}")
         loaded = (host.read_text("/sys/module/nvidia_uvm/srcversion") or "").strip()
-        if loaded != sel.get("srcversion"):
+        if loaded != sel.srcversion:
             raise ActivationFailed(f"after loading, /sys/module/nvidia_uvm/srcversion is {loaded or 'absent'}, "
-                                   f"not {sel.get('srcversion')} of {sel.get('path')}")
-    return {"activated": True, "srcversion": loaded, "path": sel.get("path")}
+                                   f"not {sel.srcversion} of {sel.path}")
+    return {"activated": True, "srcversion": loaded, "path": sel.path}

@@ -99,11 +99,11 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
         from spark_memsaver import world
         snap = world.snapshot(host, config)
         for k in rb._targets(snap, kernel):
-            steps += [_step("remove", k["release"], "take our nvidia-uvm away; the stock one is selected"),
-                      _step("record", k["release"], f"rollback record: {args.get('reason') or 'requested'} "
+            steps += [_step("remove", k.release, "take our nvidia-uvm away; the stock one is selected"),
+                      _step("record", k.release, f"rollback record: {args.get('reason') or 'requested'} "
                                                     "(automation never undoes it; 'install' does)")]
-        uvm = snap["uvm"]
-        if steps and uvm.get("loaded") and uvm.get("patched"):
+        uvm = snap.uvm
+        if steps and uvm.loaded and uvm.patched:
             steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
     else:
         raise ValueError(op)

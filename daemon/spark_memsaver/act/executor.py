@@ -80,9 +80,10 @@ def intent_alive(rec: dict) -> bool:
     return b"spark-memsaver" in cmd or b"spark_memsaver" in cmd
 
 
-def plan_now(host: Host, config: Config, **kw) -> tuple[dict, dict, list]:
+def plan_now(host: Host, config: Config, **kw) -> tuple:
+    """(world, support, plan): the planner's world (world.facts) and its plan."""
     snap, support = installable.observe(host, config)
-    live = {r.get("pid") for r in snap["records"].get("intents", []) if intent_alive(r)}
+    live = {r.get("pid") for r in snap.records.intents if intent_alive(r)}
     return snap, support, rc.plan(snap, config, support, alive_pids=live, **kw)
 
 
@@ -171,7 +172,7 @@ def _reconcile(host, config, progress, problems, kernels=None, rebuild=None, dry
     return doc
 
 
-def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, snap: dict | None = None) -> dict:
+def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, snap=None) -> dict:
     """APT's DPkg::Pre-Install-Pkgs door: remove our override before dpkg unpacks a different NVIDIA
     driver for ITS kernel (decide/apt.assess, from the facts act/apt_facts.py reads out of the .debs): a
     package for a new kernel never touches another kernel's override. The removals go on when no record can
@@ -196,7 +197,7 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, sn
                                                                   for c in chg],
             "steps": results, "notes": verdict["notes"],
             "packages": [f"{c['name']} {c['old'] or '-'} -> {c['new'] or '-'}" for c in chg],
-            "sources_seen": sorted(s["version"] for s in snap["driver"]["sources"]),
+            "sources_seen": sorted(s.version for s in snap.driver.sources),
             "removed": [s.kernel for s, r in zip(steps, results) if r.get("ok")],
             "kept": [n["kernel"] for n in verdict["notes"] if n["kind"] == "kept"]}
 

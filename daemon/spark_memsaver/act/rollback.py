@@ -20,11 +20,13 @@ def unknown_kernel(kernel: str) -> MemsaverError:
                       remedy="List kernels with 'spark-memsaver status'.")
 
 
-def _targets(snap: dict, kernel: str | None) -> list[dict]:
-    regs = (snap.get("dkms") or {}).get("registrations", [])
-    return [k for k in snap["kernels"] if (kernel is None or k["release"] == kernel)
-            and ((k.get("uvm_selected") or {}).get("patched")
-                 or any(b.get("kernel") == k["release"] and b.get("installed") for r in regs for b in r["builds"]))]
+def _targets(snap, kernel: str | None) -> list:
+    """The world's kernels (all, or ``kernel``) that select ours or have an installed build of ours."""
+    from spark_memsaver.decide import ours
+    regs = snap.dkms.registrations
+    return [k for k in snap.kernels if (kernel is None or k.release == kernel)
+            and (ours.is_ours(k.uvm_selected)
+                 or any(b.kernel == k.release and b.installed for r in regs for b in r.builds))]
 
 
 def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,
@@ -32,15 +34,14 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
              problems: list | None = None) -> dict:
     problems = [] if problems is None else problems
     snap = world.snapshot(host, config)
-    if kernel is not None and not any(k["release"] == kernel for k in snap["kernels"]):
+    if kernel is not None and snap.kernel(kernel) is None:
         raise unknown_kernel(kernel)
     targets = _targets(snap, kernel)
     done = []
     for k in targets:
-        rel = k["release"]
-        sel = k.get("uvm_selected") or {}
-        frm = rc.base_version(sel.get("version"))
-        to = rc.base_version((k.get("nvidia_selected") or {}).get("version"))
+        rel = k.release
+        frm = rc.base_version(k.uvm_selected.version) if k.uvm_selected else None
+        to = rc.base_version(k.nvidia_selected.version) if k.nvidia_selected else None
         try:
             with rio.safe_intent(host, "rollback", rel, removal=True, problems=problems, reason=reason, code=code,
                                  remedy=remedy, driver_from=frm, driver_to=to):
@@ -53,8 +54,8 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
         except MemsaverError as e:
             done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
     reload = None
-    uvm = snap["uvm"]
-    if uvm.get("loaded") and uvm.get("patched") and host.is_live:
+    uvm = snap.uvm
+    if uvm.loaded and uvm.patched and host.is_live:
         reload = st.reload_uvm(host, progress)
     return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
             "nothing_to_do": not targets}

@@ -293,7 +293,7 @@ def _inside_apt(host: Host) -> int | None:
     return dpkg_running(host)
 
 
-def run_step(host: Host, config, step, snap: dict | None, problems: list, progress=None) -> dict:
+def run_step(host: Host, config, step, snap, problems: list, progress=None) -> dict:
     """Plan step ``fetch-source`` (kernel, driver): fetch, or -- inside the APT/dpkg doors, where apt holds its
     locks -- record the fetch as pending for the daemon to run once apt has exited (service/daemon.py). The
     kernel stays on the stock module meanwhile (the pre-install door removed ours; the build waits). A failed
@@ -306,7 +306,7 @@ def run_step(host: Host, config, step, snap: dict | None, problems: list, progre
         return {"ok": True, "deferred": True, "driver": driver,
                 "reason": f"apt/dpkg (pid {pid}) is running: the source of NVIDIA {driver} is fetched by "
                           "spark-memsaverd once it exits"}
-    keep = set(osrc.installed_drivers(snap.get("driver") or {}, snap.get("kernels") or [])) if snap else None
+    keep = set(_installed_drivers(snap)) if snap else None
     try:
         return fetch(host, config, driver, progress=progress, keep=keep)
     except MemsaverError as e:
@@ -317,7 +317,12 @@ def run_step(host: Host, config, step, snap: dict | None, problems: list, progre
         return {"ok": False, "driver": driver, "error": e.to_dict()}
 
 
-def prune_installed(host: Host, snap: dict | None) -> dict | None:
+def _installed_drivers(snap) -> list[str]:
+    """observe/sources.installed_drivers over a world (model.World)."""
+    return osrc.installed_drivers(snap.driver.as_json(), [k.as_json() for k in snap.kernels])
+
+
+def prune_installed(host: Host, snap) -> dict | None:
     """After a reconcile (act/executor.py): outside apt/dpkg, that reconcile was the run a deferred fetch waited
     for, so the pending record is consumed (a failed fetch left its rollback record; the daemon never loops on
     it); then keep the cached trees of the installed drivers only. Both are skipped while apt/dpkg runs (the
@@ -329,12 +334,11 @@ def prune_installed(host: Host, snap: dict | None) -> dict | None:
     clear_pending(host)
     if not osrc.cache_entries(host):
         return None
-    kernels = snap.get("kernels") or []
-    if any((k.get("nvidia_selected") or {}).get("error") for k in kernels):
+    if any(k.nvidia_selected and k.nvidia_selected.error for k in snap.kernels):
         return None
     # a driver whose source package is installed now (/usr/src, found first by the build) needs no cached copy;
     # a leftover there that the build would refuse (act/dkms_run.tree_problem) does not count
     from spark_memsaver.act.dkms_run import complete_source
-    keep = {v for v in osrc.installed_drivers(snap.get("driver") or {}, kernels)
+    keep = {v for v in _installed_drivers(snap)
             if complete_source(host, v, cache=False) is None}
     return prune(host, keep)

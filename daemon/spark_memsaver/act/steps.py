@@ -97,7 +97,7 @@ def support_for(versions, trees: dict | None = None) -> dict:
     return support.support_for(versions, trees)
 
 
-def source_trees(host: Host, snap: dict) -> dict:
+def source_trees(host: Host, snap) -> dict:
     from spark_memsaver.world import support
     return support.source_trees(host, snap)
 
@@ -217,41 +217,75 @@ def reload_uvm(host: Host, progress) -> dict:
     return {"ok": True, "skipped": "nvidia is not loaded"}
 
 
-def _one(host, config, s: rc.Step, progress, problems: list) -> dict:
-    entry = {}
-    if s.action == "drop-record":     # the one quarantine (host/records.py): renamed aside, never deleted
-        from spark_memsaver.host import records
-        entry["result"] = records.quarantine(host, s.path, s.code or "record", s.reason)
-    elif s.action == "clear-intent":
-        rio.clear_intent(host, s.intent, problems)
-    elif s.action in ("undo-intent", "finish-intent"):
-        res = remove(host, config, s.kernel, progress) if s.kernel else {}
-        if s.kernel and still_ours(host, s.kernel) and s.action == "finish-intent":
-            raise StepFailed(f"kernel {s.kernel}: our nvidia-uvm is still selected")
-        if s.action == "finish-intent" and s.kernel and s.driver_from and s.driver_from != s.driver_to:
-            rio.write_rollback(host, s.kernel, s.reason, problems, code=s.code or "stock-selected",
-                               remedy=s.remedy, driver_from=s.driver_from, driver_to=s.driver_to)
-        rio.clear_intent(host, s.intent, problems)
-        entry["result"] = res if isinstance(res, dict) else {}
-    elif s.action == "remove-override":
-        entry["result"] = do_remove(host, config, s, progress, problems)
-    elif s.action == "record-rollback":
-        rio.write_rollback(host, s.kernel, s.reason, problems, remedy=s.remedy, code=s.code or "stock-selected",
-                           driver_from=s.driver_from, driver_to=s.driver_to)
-        say(progress, f"{s.kernel}: rolled back to stock: {s.reason}")
-    elif s.action == "clear-rollback":
-        intents.clear_rollback(host, s.kernel)
-    elif s.action == "build-install":
-        entry["result"] = do_build_install(host, config, s, progress, problems)
-        entry["ok"] = entry["result"].get("ok", False)
-    elif s.action == "reload-uvm":
-        entry["result"] = reload_uvm(host, progress)
-        if s.intent:
-            rio.clear_intent(host, s.intent, problems)
-    return entry
+# --- one handler per acting step (decide/step.ACTING); fetch-source is run by execute(), which also holds back the
+# builds waiting for it. Each handler returns the entry's fields ("result", and "ok" where the step can fail softly).
+
+def _drop_record(host, config, s: rc.Step, progress, problems: list) -> dict:
+    """The one quarantine (host/records.py): the record is renamed aside, never deleted."""
+    from spark_memsaver.host import records
+    return {"result": records.quarantine(host, s.path, s.code or "record", s.reason)}
 
 
-def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None = None, progress=None,
+def _clear_intent(host, config, s: rc.Step, progress, problems: list) -> dict:
+    rio.clear_intent(host, s.intent, problems)
+    return {}
+
+
+def _undo_or_finish_intent(host, config, s: rc.Step, progress, problems: list) -> dict:
+    res = remove(host, config, s.kernel, progress) if s.kernel else {}
+    if s.kernel and s.action == "finish-intent" and still_ours(host, s.kernel):
+        raise StepFailed(f"kernel {s.kernel}: our nvidia-uvm is still selected")
+    if s.action == "finish-intent" and s.kernel and s.driver_from and s.driver_from != s.driver_to:
+        rio.write_rollback(host, s.kernel, s.reason, problems, code=s.code or "stock-selected",
+                           remedy=s.remedy, driver_from=s.driver_from, driver_to=s.driver_to)
+    rio.clear_intent(host, s.intent, problems)
+    return {"result": res if isinstance(res, dict) else {}}
+
+
+def _remove_override(host, config, s: rc.Step, progress, problems: list) -> dict:
+    return {"result": do_remove(host, config, s, progress, problems)}
+
+
+def _record_rollback(host, config, s: rc.Step, progress, problems: list) -> dict:
+    rio.write_rollback(host, s.kernel, s.reason, problems, remedy=s.remedy, code=s.code or "stock-selected",
+                       driver_from=s.driver_from, driver_to=s.driver_to)
+    say(progress, f"{s.kernel}: rolled back to stock: {s.reason}")
+    return {}
+
+
+def _clear_rollback(host, config, s: rc.Step, progress, problems: list) -> dict:
+    intents.clear_rollback(host, s.kernel)
+    return {}
+
+
+def _build_install(host, config, s: rc.Step, progress, problems: list) -> dict:
+    res = do_build_install(host, config, s, progress, problems)
+    return {"result": res, "ok": res.get("ok", False)}
+
+
+def _reload_uvm(host, config, s: rc.Step, progress, problems: list) -> dict:
+    res = reload_uvm(host, progress)
+    if s.intent:
+        rio.clear_intent(host, s.intent, problems)
+    return {"result": res}
+
+
+HANDLERS = {
+    "drop-record": _drop_record,
+    "clear-intent": _clear_intent,
+    "undo-intent": _undo_or_finish_intent,
+    "finish-intent": _undo_or_finish_intent,
+    "remove-override": _remove_override,
+    "record-rollback": _record_rollback,
+    "clear-rollback": _clear_rollback,
+    "build-install": _build_install,
+    "reload-uvm": _reload_uvm,
+}
+#: run by execute() itself (it defers the builds that wait for the source)
+BY_EXECUTE = ("fetch-source",)
+
+
+def execute(host: Host, config: Config, steps: list[rc.Step], snap=None, progress=None,
             problems: list | None = None) -> list[dict]:
     """Run the acting steps of a plan in order; a failed step is reported and the next one runs."""
     problems = [] if problems is None else problems
@@ -264,14 +298,16 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap: dict | None 
             done.append({**entry, "ok": True, "skipped": "its NVIDIA driver source is not fetched yet (fetch-source)"})
             continue
         try:
-            if s.action == "fetch-source":   # act/source_fetch.py: fetch, or defer past apt inside its doors
+            if s.action in BY_EXECUTE:       # fetch-source, act/source_fetch.py: fetch, or defer past apt inside its doors
                 from spark_memsaver.act import source_fetch
                 entry["result"] = source_fetch.run_step(host, config, s, snap, problems, fwd(progress))
                 entry["ok"] = entry["result"].get("ok", False)
                 if not entry["result"].get("path"):
                     waiting.add(entry["result"].get("driver"))
             else:
-                entry.update(_one(host, config, s, progress, problems))
+                handler = HANDLERS.get(s.action)
+                if handler is not None:          # an explaining step (decide/step.INFO) does nothing
+                    entry.update(handler(host, config, s, progress, problems))
             entry.setdefault("ok", True)
         except MemsaverError as e:
             entry["ok"] = False

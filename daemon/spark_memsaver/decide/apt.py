@@ -171,15 +171,15 @@ def package_effect(change: dict) -> dict:
 PACKAGED_KO_RE = re.compile(r"^/(?:usr/)?lib/modules/[^/]+/kernel/")
 
 
-def _wide_applies(k: dict, eff: dict) -> bool:
+def _wide_applies(k, eff: dict) -> bool:
     if eff.get("applies_to", "all") == "all":
         return True
-    path = (k.get("nvidia_selected") or {}).get("path")
+    path = k.nvidia_selected.path if k.nvidia_selected else None
     return not (path and PACKAGED_KO_RE.match(path))
 
 
-def assess(snap: dict, changes: list[dict]) -> dict:
-    """Before dpkg unpacks: per kernel, does its NVIDIA driver change in this APT run?
+def assess(snap, changes: list[dict]) -> dict:
+    """Before dpkg unpacks: per kernel of the world (model.World), does its NVIDIA driver change in this APT run?
 
     A kernel's override is removed only when a package for THAT kernel (or a driver-wide one: Debian's
     nvidia-open-kernel-dkms, nvidia-kernel-source-*, nvidia-kernel-common-*, for a kernel whose nvidia.ko
@@ -198,9 +198,9 @@ def assess(snap: dict, changes: list[dict]) -> dict:
         for k, d in eff["kernels"].items():
             per_kernel.setdefault(k, []).append((c["name"], d, eff["removed"]))
     steps, notes = [], []
-    known = {k["release"]: k for k in snap.get("kernels", [])}
+    known = {k.release: k for k in snap.kernels}
     for rel, k in known.items():
-        sel = k.get("uvm_selected") or {}
+        sel = k.uvm_selected
         relevant = per_kernel.get(rel, []) + [w[:3] for w in wide if _wide_applies(k, w[3])]
         if not ours.is_ours(sel) or not relevant:      # the one predicate (decide/ours.py)
             continue
@@ -231,7 +231,7 @@ def assess(snap: dict, changes: list[dict]) -> dict:
     return {"steps": steps, "notes": notes}
 
 
-def pre_install_plan(snap: dict, changes: list[dict]) -> list:
+def pre_install_plan(snap, changes: list[dict]) -> list:
     """The removals of :func:`assess` (the steps act/executor.py runs before dpkg unpacks)."""
     return assess(snap, changes)["steps"] if changes else []
 

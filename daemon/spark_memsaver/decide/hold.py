@@ -1,18 +1,20 @@
 """The administrator's hold (host/holds.py writes it): is a kernel held, and how to say so. Pure.
 
-``records["holds"]`` is the list of hold records observe read (host/records.py kind "hold").
+``records.holds`` (model.Records) is the list of hold records observe read (host/records.py kind "hold").
 """
 
 from __future__ import annotations
 
 
-def held(records: dict | None, kernel: str | None) -> dict | None:
-    """The hold that applies to ``kernel``: its own, else the hold on every kernel unless ``install``
-    released this kernel from it; None when automation may act on it."""
-    holds = [h for h in (records or {}).get("holds") or [] if isinstance(h, dict)]
+def held(records, kernel: str | None) -> dict | None:
+    """The hold that applies to ``kernel`` (``records``: the world's model.Records, or None): its own, else the
+    hold on every kernel unless ``install`` released this kernel from it; None when automation may act on it."""
+    if records is None:
+        return None
+    holds = [h for h in records.holds if isinstance(h, dict)]
     # a hold record that cannot be read still holds (every kernel): the administrator's word is not guessed
     holds += [{"by": "an unreadable hold record", "kernel": None, "since": "?", "unreadable": q.get("path")}
-              for q in (records or {}).get("quarantined") or [] if isinstance(q, dict) and q.get("kind") == "hold"]
+              for q in records.quarantined if isinstance(q, dict) and q.get("kind") == "hold"]
     own = [h for h in holds if kernel is not None and h.get("kernel") == kernel]
     if own:
         return own[-1]

@@ -1,5 +1,5 @@
 """The ONE installability decision: can kernel K get our nvidia-uvm now, and if not, what exactly is missing.
-Pure: snapshot + config + the manifest's verdict (``support``) in, a plain dict out; no I/O.
+Pure: the world (model.World) + config + the manifest's verdict (``support``) in, a plain dict out; no I/O.
 
 Read by decide/status.py (the recommendation: ``spark-memsaver install`` only when ``can_install``),
 decide/plan.py (why a kernel stays stock; the ``fetch-source`` step), act/installable.py (``install`` refuses
@@ -21,7 +21,7 @@ Checked in this order (each ``what`` with its stable ``code``, the same code the
   manifest       driver-unsupported      the driver is not in this release's patch manifest ("untested"
                                          drivers are installable: the zero-fuzz dry run decides at build time)
   driver-source  driver-source-missing / driver-source-corrupt: no open tree of exactly that version, and
-                 it cannot be fetched (snap["driver_sources"], observe/sources.py; a missing key is "unknown,
+                 it cannot be fetched (World.driver_sources, observe/sources.py; a missing key is "unknown,
                  not fetchable"); fetchable -> needs_fetch, not missing
   headers        headers-missing         linux-headers-K (Debian and Ubuntu name them alike)
   secure-boot    secure-boot-unknown     installing is refused while the state cannot be read
@@ -62,16 +62,16 @@ def _branch(driver: str) -> str:
     return driver.split(".", 1)[0]
 
 
-def _server(snap: dict, branch: str) -> bool:
+def _server(snap, branch: str) -> bool:
     """Ubuntu's server flavour keeps its modules in kernel/nvidia-<branch>srv-open/."""
-    return any(f"/nvidia-{branch}srv" in str((k.get("nvidia_selected") or {}).get("path") or "")
-               for k in snap.get("kernels", []))
+    return any(f"/nvidia-{branch}srv" in str(k.nvidia_selected.path or "")
+               for k in snap.kernels if k.nvidia_selected)
 
 
-def _source_package(snap: dict, driver: str) -> str:
+def _source_package(snap, driver: str) -> str:
     """The package most likely to carry ``driver``'s open tree here (decide/sources.py's preference order)."""
-    ko = next((str((k.get("nvidia_selected") or {}).get("path") or "") for k in snap.get("kernels", [])
-               if (k.get("nvidia_selected") or {}).get("path")), "")
+    ko = next((str(k.nvidia_selected.path) for k in snap.kernels
+               if k.nvidia_selected and k.nvidia_selected.path), "")
     try:
         from spark_memsaver.decide.sources import source_package
         cands = source_package(driver, {"nvidia_ko": ko})
@@ -83,7 +83,7 @@ def _source_package(snap: dict, driver: str) -> str:
     return f"nvidia-kernel-source-{br}-server-open" if _server(snap, br) else f"nvidia-kernel-source-{br}-open"
 
 
-def source_search_remedy(snap: dict, driver: str) -> str:
+def source_search_remedy(snap, driver: str) -> str:
     """The remedy when no exact package version is known: which package to look for, and how."""
     pkg = _source_package(snap, driver)
     return (f"Install the NVIDIA open kernel-module source of exactly {driver}: 'apt-cache policy {pkg}' lists the "
@@ -91,7 +91,7 @@ def source_search_remedy(snap: dict, driver: str) -> str:
             f"one with 'sudo apt-get install {pkg}=VERSION' (Debian: 'apt-cache policy nvidia-open-kernel-dkms').")
 
 
-def _driver_remedy(snap: dict, kernel: str, known: str | None) -> str:
+def _driver_remedy(snap, kernel: str, known: str | None) -> str:
     if not known:
         return "Install the NVIDIA open driver's kernel modules for this kernel first."
     br = _branch(known)
@@ -101,17 +101,17 @@ def _driver_remedy(snap: dict, kernel: str, known: str | None) -> str:
             f"'sudo apt-get install linux-headers-{kernel}' (nvidia-open-kernel-dkms then builds nvidia.ko for it).")
 
 
-def _known_driver(snap: dict) -> str | None:
+def _known_driver(snap) -> str | None:
     """A driver version this host has somewhere (loaded, another kernel's nvidia.ko, a source tree)."""
-    loaded = base_version((snap.get("driver") or {}).get("loaded_version"))
+    loaded = base_version(snap.driver.loaded_version)
     if loaded:
         return loaded
-    for k in snap.get("kernels", []):
-        v = base_version((k.get("nvidia_selected") or {}).get("version"))
+    for k in snap.kernels:
+        v = base_version(k.nvidia_selected.version) if k.nvidia_selected else None
         if v:
             return v
-    srcs = (snap.get("driver") or {}).get("sources") or []
-    return srcs[0].get("version") if srcs else None
+    srcs = snap.driver.sources
+    return srcs[0].version if srcs else None
 
 
 # with 4 or 16 KiB pages a page table's backing page is small already: 'kernels: all' would save nothing there
@@ -133,20 +133,20 @@ def _missing(what: str, detail: str, remedy: str, code: str | None = None) -> di
     return {"what": what, "code": code or CODES[what], "detail": detail, "remedy": remedy}
 
 
-def _source(snap: dict, config, drv: str) -> tuple[dict | None, dict | None]:
+def _source(snap, config, drv: str) -> tuple[dict | None, dict | None]:
     """(missing entry or None, fetch description or None) for driver ``drv``'s open tree."""
-    local = next((s for s in (snap.get("driver") or {}).get("sources", []) or [] if s.get("version") == drv), None)
-    ds = snap.get("driver_sources") if isinstance(snap.get("driver_sources"), dict) else {}
+    local = next((s for s in snap.driver.sources if s.version == drv), None)
+    ds = snap.driver_sources if isinstance(snap.driver_sources, dict) else {}
     entry = (ds.get("by_driver") or {}).get(drv) if isinstance(ds.get("by_driver"), dict) else None
     entry = entry if isinstance(entry, dict) else None
-    if local and local.get("open", True):
+    if local and local.open:
         return None, None
     if local:
         pkg = (entry or {}).get("package")
         ver = (entry or {}).get("deb_version")
         remedy = (f"Reinstall it: 'sudo apt-get install --reinstall {pkg}={ver}'." if pkg and ver
                   else source_search_remedy(snap, drv))
-        return _missing("driver-source", f"{local.get('path')} is not an open kernel-module tree (no nvidia-uvm/ "
+        return _missing("driver-source", f"{local.path} is not an open kernel-module tree (no nvidia-uvm/ "
                         "or Kbuild)", remedy, code="driver-source-corrupt"), None
     if entry and entry.get("present") and entry.get("path"):
         return None, None
@@ -166,12 +166,12 @@ def _source(snap: dict, config, drv: str) -> tuple[dict | None, dict | None]:
     return _missing("driver-source", f"{want}; {why}", remedy), None
 
 
-def installability(snap: dict, config, support: dict | None, kernel_release: str) -> dict:
+def installability(snap, config, support: dict | None, kernel_release: str) -> dict:
     """Can ``kernel_release`` get our module now (see the module docstring)."""
     from spark_memsaver.decide import policy
     out = {"kernel": kernel_release, "can_install": False, "needs_fetch": False, "driver": None,
            "qualification": None, "fetch": None, "missing": [], "then": []}
-    kernels = {k.get("release"): k for k in snap.get("kernels", [])}
+    kernels = {k.release: k for k in snap.kernels}
     k = kernels.get(kernel_release)
     if k is None:
         names = ", ".join(sorted(r for r in kernels if r)) or "none"
@@ -180,11 +180,11 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
             f"kernels: {names}", unknown_kernel_remedy(sorted(r for r in kernels if r))))
         return out
     miss = out["missing"]
-    nvsel = k.get("nvidia_selected") or {}
-    drv = base_version(nvsel.get("version"))
+    nvsel = k.nvidia_selected
+    drv = base_version(nvsel.version) if nvsel else None
     out["driver"] = drv
     if not drv:
-        err = f" (the selection cannot be read: {nvsel['error']})" if nvsel.get("error") else ""
+        err = f" (the selection cannot be read: {nvsel.error})" if nvsel and nvsel.error else ""
         miss.append(_missing("driver", f"no nvidia.ko is installed for kernel {kernel_release}{err}, so there is "
                              "no driver to build against", _driver_remedy(snap, kernel_release, _known_driver(snap))))
     pv = policy.verdict(k, config)
@@ -222,13 +222,13 @@ def installability(snap: dict, config, support: dict | None, kernel_release: str
                 miss.append(m)
             out["fetch"] = fetch
             out["needs_fetch"] = fetch is not None
-    if not k.get("headers"):
+    if not k.headers:
         miss.append(_missing("headers", f"kernel headers for {kernel_release} are not installed "
                              f"(/lib/modules/{kernel_release}/build)",
                              f"sudo apt-get install linux-headers-{kernel_release}"))
-    if (snap.get("dkms") or {}).get("available", True) is False:   # the build needs it: install says dkms-missing
+    if not snap.dkms.available:   # the build needs it: install says dkms-missing
         miss.append(_missing("dkms", "dkms is not installed, so nothing can be built", "sudo apt-get install dkms"))
-    sb = snap.get("secure_boot") or {}
+    sb = snap.secure_boot if isinstance(snap.secure_boot, dict) else {}
     state = sb.get("state") or "unknown"
     if state == "unknown":
         miss.append(_missing("secure-boot", "Secure Boot / MOK state is unknown: "

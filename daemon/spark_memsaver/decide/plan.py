@@ -1,8 +1,8 @@
 """Reconcile: what must change so that no kernel selects a UVM built for another driver. Pure; no I/O.
 
-Input: a snapshot (observe.snapshot), the config, the manifest's verdict per driver version
+Input: the world (model.World: world.observe_for_plan), the config, the manifest's verdict per driver version
 (``support = {"550.163.01": {"supported": True}, "9.9": {"supported": False, "reason": "..."}}``) and
-optionally the intent/rollback records (they are in the snapshot's ``records``). Output: a plan, an
+optionally the intent/rollback records (they are in the world's ``records``). Output: a plan, an
 ordered list of steps that act/steps.py executes through the DKMS engines.
 
 The path a newcomer looks for, "driver upgrade -> rollback" (5 modules):
@@ -36,21 +36,17 @@ from spark_memsaver.decide.apt import DRIVER_VERSION_RE  # noqa: E402,F401
 from spark_memsaver.decide.step import ACTING, INFO, Step, base_version  # noqa: E402,F401  (one Step, one base_version)
 
 
-def _sources(snap: dict) -> dict[str, dict]:
-    return {s["version"]: s for s in (snap.get("driver") or {}).get("sources", []) if s.get("version")}
-
-
-def _rollback_for(records: dict, kernel: str) -> dict | None:
-    found = [r for r in records.get("rollbacks", []) if r.get("kernel") == kernel]
+def _rollback_for(records, kernel: str) -> dict | None:
+    found = [r for r in records.rollbacks if r.get("kernel") == kernel]
     return sorted(found, key=lambda r: str(r.get("time", "")))[-1] if found else None
 
 
-def stock_reason(k: dict, snap: dict, config: Config, support: dict) -> tuple[str, str, str] | None:
+def stock_reason(k, snap, config: Config, support: dict) -> tuple[str, str, str] | None:
     """None if the planner may build for kernel ``k`` now; else (reason, code, remedy) it stays stock.
     The reason, code and remedy are those of the one installability decision (decide/installability.py),
     so status, install and reconcile say the same; on top of it the automatic path never builds a module
     that would not load (Secure Boot enforcing, key not trusted yet) and needs dkms on the host."""
-    rel = k["release"]
+    rel = k.release
     d = installability(snap, config, support, rel)
     if d["missing"]:     # the first piece decides code and remedy; the reason names every piece
         m = d["missing"][0]
@@ -60,53 +56,52 @@ def stock_reason(k: dict, snap: dict, config: Config, support: dict) -> tuple[st
         remedy = (f"Install by hand: 'sudo spark-memsaver install --kernel {rel}'; then {ENROLL}."
                   if t["code"] in ("mok-no-key", "mok-not-enrolled") else t["remedy"])
         return f"{t['detail']}; automatic builds wait for a trusted key", t["code"], remedy
-    if not (snap.get("dkms") or {}).get("available", True):
+    if not snap.dkms.available:
         return "dkms is not installed", "dkms-missing", "sudo apt-get install dkms"
     return None
 
 
-def why_not_build(k: dict, snap: dict, config: Config, support: dict) -> str | None:
+def why_not_build(k, snap, config: Config, support: dict) -> str | None:
     """None if we can build for kernel ``k`` now; else the reason it stays stock (see :func:`stock_reason`)."""
     r = stock_reason(k, snap, config, support)
     return r[0] if r else None
 
 
-def _build_steps(k: dict, snap: dict, config: Config, support: dict, build: Step, fetched: set) -> list[Step]:
+def _build_steps(k, snap, config: Config, support: dict, build: Step, fetched: set) -> list[Step]:
     """``build``, preceded by a fetch-source step when the driver's source must be fetched first (once per
     driver version in a plan)."""
-    d = installability(snap, config, support, k["release"])
+    d = installability(snap, config, support, k.release)
     f = d.get("fetch") if d.get("needs_fetch") else None
     if not f or f["driver"] in fetched:
         return [build]
     fetched.add(f["driver"])
     what = " ".join(x for x in (f.get("package"), f.get("deb_version")) if x) or "its source package"
-    return [Step("fetch-source", k["release"], f"the NVIDIA open kernel-module source of {f['driver']} is not on "
+    return [Step("fetch-source", k.release, f"the NVIDIA open kernel-module source of {f['driver']} is not on "
                  f"this host: fetching {what} into the source cache", driver=f["driver"]), build]
 
 
-def _intent_steps(snap: dict, alive_pids: set[int] | None) -> tuple[list[Step], set[str]]:
+def _intent_steps(snap, alive_pids: set[int] | None) -> tuple[list[Step], set[str]]:
     """Steps for interrupted operations; also the kernels whose state they touch."""
     steps: list[Step] = []
     touched: set[str] = set()
-    records = snap.get("records") or {}
-    kernels = {k["release"]: k for k in snap.get("kernels", [])}
-    for path in records.get("unreadable", []):
+    records = snap.records
+    for path in records.unreadable:
         steps.append(Step("drop-record", path=path,
                           reason="record is not valid JSON; it is set aside and state re-derived from the system"))
-    for q in records.get("quarantined", []):     # read but not trusted (host/records.py): set aside now
+    for q in records.quarantined:     # read but not trusted (host/records.py): set aside now
         if isinstance(q, dict) and q.get("path") and not q.get("moved_to") and q.get("kind") != "hold":
             steps.append(Step("drop-record", path=q["path"], code=q.get("kind"),
                               reason=f"record is not trusted ({q.get('reason')}); it is set aside and state "
                               "re-derived from the system"))
-    for it in sorted(records.get("intents", []), key=lambda r: str(r.get("started", ""))):
+    for it in sorted(records.intents, key=lambda r: str(r.get("started", ""))):
         iid = it.get("id") or f"{it.get('op')}-{it.get('kernel') or 'all'}"
         op, kern = it.get("op"), it.get("kernel")
         if alive_pids is not None and it.get("pid") in alive_pids:
             steps.append(Step("blocked", kern, f"'{op}' is still running (pid {it.get('pid')})", intent=iid))
             continue
-        k = kernels.get(kern) if kern else None
-        nv = base_version(((k or {}).get("nvidia_selected") or {}).get("version"))
-        consistent = ours_.selection(k or {}) == "consistent"
+        k = snap.kernel(kern) if kern else None
+        nv = base_version(k.nvidia_selected.version) if k and k.nvidia_selected else None
+        consistent = ours_.selection(k) == "consistent"
         if kern and op != "activate" and not (op == "install" and consistent):
             touched.add(kern)
         if op in ("remove", "rollback"):
@@ -128,12 +123,12 @@ def _intent_steps(snap: dict, alive_pids: set[int] | None) -> tuple[list[Step], 
     return steps, touched
 
 
-def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids: set[int] | None = None,
+def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[int] | None = None,
          kernels: list[str] | None = None, rebuild: bool | None = None) -> list[Step]:
     """The reconcile plan. ``kernels`` limits it to those releases; ``rebuild`` False plans only safety."""
     support = support or {}
     rebuild = config.auto_build if rebuild is None else rebuild
-    records = snap.get("records") or {}
+    records = snap.records
     steps, undone = _intent_steps(snap, alive_pids)
     if any(s.action == "blocked" for s in steps):
         return steps  # another operation is running: do nothing else now
@@ -141,18 +136,18 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
     records_out: list[Step] = []
     builds: list[Step] = []
     fetched: set[str] = set()
-    running = next((k["release"] for k in snap.get("kernels", []) if k.get("running")), None)
-    for k in snap.get("kernels", []):
-        rel = k["release"]
+    running = next((k.release for k in snap.kernels if k.running), None)
+    for k in snap.kernels:
+        rel = k.release
         if kernels is not None and rel not in kernels:
             continue
-        sel = k.get("uvm_selected") or {}
-        nv = base_version((k.get("nvidia_selected") or {}).get("version"))
+        sel = k.uvm_selected
+        nv = base_version(k.nvidia_selected.version) if k.nvidia_selected else None
         built_for = ours_.built_for(sel)
         rb = _rollback_for(records, rel)
         hold = holds.held(records, rel)   # the administrator's rollback/remove: no build, safety only
-        if sel.get("error"):
-            steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel['error']}"))
+        if sel and sel.error:
+            steps.append(Step("stay-stock", rel, f"cannot read module selection: {sel.error}"))
             continue
         if ours_.selection(k) == "consistent" and rel not in undone:
             if rb:
@@ -174,7 +169,7 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
             if not nv:
                 removed_reason = f"no nvidia.ko is installed for kernel {rel} any more (override was for {built_for})"
             elif not built_for:
-                removed_reason = f"our module's version string is unreadable ({sel.get('version')!r})"
+                removed_reason = f"our module's version string is unreadable ({sel.version!r})"
             else:
                 removed_reason = f"NVIDIA driver changed from {built_for} to {nv}"
             if rel not in undone:
@@ -219,34 +214,34 @@ def plan(snap: dict, config: Config, support: dict | None = None, *, alive_pids:
         else:
             steps.append(Step("stay-stock", rel, why, driver_to=nv, code=code, remedy=remedy))
     # Loaded modules: a patched UVM loaded beside a different nvidia (only possible if forced by hand).
-    uvm = snap.get("uvm") or {}
-    loaded_nv = base_version((snap.get("driver") or {}).get("loaded_version"))
+    uvm = snap.uvm
+    loaded_nv = base_version(snap.driver.loaded_version)
     if ours_.loaded_mismatch(uvm, loaded_nv):
-        holders = snap.get("holders") or []
+        holders = snap.holders
         if holders:
             steps.append(Step("blocked", None, "a patched nvidia-uvm for {} is loaded beside nvidia {} and is in use "
-                              "by {}".format(base_version(uvm.get("version")), loaded_nv,
-                                             ", ".join(f"{h.get('comm')}[{h.get('pid')}]" for h in holders)),
+                              "by {}".format(base_version(uvm.version), loaded_nv,
+                                             ", ".join(f"{h.comm}[{h.pid}]" for h in holders)),
                               remedy="Stop the CUDA processes, then run 'sudo spark-memsaver rollback', or reboot."))
         else:
             removals.append(Step("reload-uvm", None, "a patched nvidia-uvm for {} is loaded beside nvidia {}: "
                                  "unloading it (no users) and loading the selected one".format(
-                                     base_version(uvm.get("version")), loaded_nv)))
+                                     base_version(uvm.version), loaded_nv)))
     recover = [s for s in steps if s.action in ACTING]
     info = [s for s in steps if s.action in INFO]
     return recover + removals + records_out + builds + info
 
 
-def build_record(snap: dict, kernel: str) -> dict | None:
-    return next((b for b in (snap.get("records") or {}).get("builds", []) or []
+def build_record(snap, kernel: str) -> dict | None:
+    return next((b for b in snap.records.builds or []
                  if isinstance(b, dict) and b.get("kernel") == kernel), None)
 
 
-def config_change(k: dict, snap: dict, config: Config, support: dict, rebuild: bool) -> Step | None:
+def config_change(k, snap, config: Config, support: dict, rebuild: bool) -> Step | None:
     """For a kernel whose override is consistent: the step a configuration change since its build calls
     for (rebuild, removal when the kernel left the policy, or an explanation), else None."""
-    rel = k["release"]
-    nv = base_version((k.get("nvidia_selected") or {}).get("version"))
+    rel = k.release
+    nv = base_version(k.nvidia_selected.version) if k.nvidia_selected else None
     diff = policy.settings_changed(build_record(snap, rel), config)
     if not diff:
         return None

@@ -73,15 +73,19 @@ def kernel_of(release: str, kconfig: dict | None) -> dict:
     return {"release": release, **kernel_facts(kconfig)}
 
 
-def verdict(kernel: dict, config) -> PolicyVerdict:
+def verdict(kernel, config) -> PolicyVerdict:
     """Whether our policy builds for this kernel, and why not.
 
-    ``kernel`` is a snapshot kernel: ``release``, ``page_size`` and, when observed, ``kconfig`` (the
+    ``kernel`` is a world's kernel (model.Kernel) or a dict of the same keys: ``release``, ``page_size`` and,
+    when observed, ``kconfig`` (the
     :data:`SYMBOLS` of its configuration, ``None`` when unreadable) or ``preempt_rt``. With ``kconfig`` the
     rules are evaluated exactly as DKMS evaluates BUILD_EXCLUSIVE (an unreadable config leaves the CONFIG
     terms unchecked, as DKMS does without a .config). A kernel known only by its configuration (:func:`kernel_of`,
     the DKMS engines' preflight) whose configuration cannot be read is refused by 64k-only with that reason."""
     policy = getattr(config, "kernels", "64k-only")
+    if not isinstance(kernel, dict):        # a model.Kernel: its kconfig is absent until world/ gathers it
+        kernel = {"release": kernel.release, "page_size": kernel.page_size,
+                  **({"kconfig": kernel.kconfig} if kernel.kconfig or kernel.kconfig is None else {})}
     rel = kernel.get("release", "?")
     kc = kernel.get("kconfig")
     rt = kernel.get("preempt_rt")
@@ -113,7 +117,7 @@ def verdict(kernel: dict, config) -> PolicyVerdict:
                          "kernels", "page-size")
 
 
-def kernel_in_policy(kernel: dict, config) -> tuple[bool, str]:
+def kernel_in_policy(kernel, config) -> tuple[bool, str]:
     """:func:`verdict` as (ok, why)."""
     v = verdict(kernel, config)
     return v.ok, v.why

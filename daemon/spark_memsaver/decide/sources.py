@@ -1,5 +1,5 @@
 """Which package carries an NVIDIA driver's open kernel-module source, and the exact command that installs it.
-Pure: no I/O (observe/sources.py reads APT and the cache; :func:`section` decides snap["driver_sources"] over
+Pure: no I/O (observe/sources.py reads APT and the cache; :func:`section` decides World.driver_sources over
 its facts; act/source_fetch.py downloads).
 
 Layouts that exist (package -> where its tree lands):
@@ -139,7 +139,7 @@ def choose(driver_version: str, candidates: list[dict], offered: dict[str, list[
 
 
 def entry(driver_version: str, mode: str, present: dict | None, chosen: dict, lists_known: bool) -> dict:
-    """One ``by_driver`` entry of snap["driver_sources"] (see observe/sources.py)."""
+    """One ``by_driver`` entry of World.driver_sources (see observe/sources.py)."""
     pkg, dv = chosen.get("package"), chosen.get("deb_version")
     in_lists = bool(chosen.get("in_lists")) and lists_known
     remedy = install_command(pkg, dv) if pkg and dv else None
@@ -162,7 +162,7 @@ def packages_to_ask(facts: dict) -> list[str]:
 
 
 def section(facts: dict, lists: dict | None, apt_known: bool) -> dict:
-    """snap["driver_sources"]: the mode, the cache, and per installed driver where its source is or how to get it.
+    """World.driver_sources: the mode, the cache, and per installed driver where its source is or how to get it.
     ``lists``: what APT's lists offer for :func:`packages_to_ask` (None: they could not be read);
     ``apt_known``: whether this host's APT state can be read at all."""
     mode, trees, entries, installed = facts["mode"], facts["trees"], facts["entries"], facts["installed"]

@@ -1,4 +1,4 @@
-"""Decide: a pure function from a snapshot (+ config) to a state and findings. No I/O here."""
+"""Decide: a pure function from the world (model.World) + config to a state and findings. No I/O here."""
 
 from __future__ import annotations
 
@@ -49,14 +49,14 @@ class Verdict:
         return any(f.severity in ("warning", "error") for f in self.findings)
 
 
-def config_changed(snap: dict, config: Config, support: dict | None = None) -> list[Finding]:
+def config_changed(snap, config: Config, support: dict | None = None) -> list[Finding]:
     """A kernel whose installed build was made with another tier or kernel policy than the config's now."""
     from spark_memsaver.decide.plan import build_record, rebuild_command
     out = []
-    for k in snap.get("kernels", []):
-        if not ours.is_ours(k.get("uvm_selected")):
+    for k in snap.kernels:
+        if not ours.is_ours(k.uvm_selected):
             continue
-        diff = policy.settings_changed(build_record(snap, k["release"]), config)
+        diff = policy.settings_changed(build_record(snap, k.release), config)
         if not diff:
             continue
         ok, why = kernel_in_policy(k, config)
@@ -65,29 +65,29 @@ def config_changed(snap: dict, config: Config, support: dict | None = None) -> l
                 rm.sm("reconcile")
         else:
             auto = ""
-            cmd = rebuild_command(k["release"]) if ok else rm.sm(f"remove --kernel {k['release']}")
-            missing = inst_mod.installability(snap, config, support, k["release"])["missing"] if ok else []
+            cmd = rebuild_command(k.release) if ok else rm.sm(f"remove --kernel {k.release}")
+            missing = inst_mod.installability(snap, config, support, k.release)["missing"] if ok else []
             if missing:      # the rebuild would be refused: what it needs first (the same remedy install gives)
                 cmd = f"{missing[0]['remedy'].rstrip('.')}; then: {cmd}"
         out.append(Finding("config-changed", "warning",
-                           f"The installed nvidia-uvm for kernel {k['release']} was built with other settings than "
+                           f"The installed nvidia-uvm for kernel {k.release} was built with other settings than "
                            f"the configuration's now ({', '.join(diff)})"
                            + ("" if ok else f"; {why}") + ": editing config.yaml alone changes nothing.",
-                           f"{auto}{cmd}", k["release"]))
+                           f"{auto}{cmd}", k.release))
     return out
 
 
-def _running(snap: dict) -> dict | None:
-    for k in snap.get("kernels", []):
-        if k.get("running"):
+def _running(snap):
+    for k in snap.kernels:
+        if k.running:
             return k
     return None
 
 
-def driver_present(snap: dict) -> bool:
-    if snap["driver"].get("loaded_version") or snap["driver"].get("sources"):
+def driver_present(snap) -> bool:
+    if snap.driver.loaded_version or snap.driver.sources:
         return True
-    return any((k.get("nvidia_selected") or {}).get("path") for k in snap.get("kernels", []))
+    return any(k.nvidia_selected and k.nvidia_selected.path for k in snap.kernels)
 
 
 # Missing pieces said by their own sections below (one finding per piece, never two).
@@ -135,16 +135,16 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
             f"first ({names}); each says how.")
 
 
-def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
+def secure_boot_findings(snap, sb: dict, sb_state: str) -> list[Finding]:
     """ours-load-failed (the guard's last refusal in this boot, while ours is not loaded) and
     mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings) and
     mok-trusted-by-kernel-only (the reverse: trusted by the running kernel, in neither MokListRT nor db)."""
     out = []
-    uvm = snap.get("uvm") or {}
-    fail = (snap.get("guard") or {}).get("ours_load_failed")
-    if fail and not (uvm.get("loaded") and ours.is_ours(uvm)):
+    uvm = snap.uvm
+    fail = snap.guard.ours_load_failed
+    if fail and not (uvm.loaded and ours.is_ours(uvm)):
         cause = mok_decide.LOAD_FAILURE_CAUSES.get(fail["cause"], fail["reason"])
-        inuse = "the stock module is in use" if uvm.get("loaded") else "no nvidia-uvm is loaded"
+        inuse = "the stock module is in use" if uvm.loaded else "no nvidia-uvm is loaded"
         if fail["cause"] in ("key-not-trusted", "signature-required"):
             remedy = mok_decide.enrollment_remedy(sb) if sb_state not in SB_LOADABLE \
                 else mok_decide.KERNEL_DISTRUST_REMEDY
@@ -167,17 +167,18 @@ def secure_boot_findings(snap: dict, sb: dict, sb_state: str) -> list[Finding]:
     return out
 
 
-def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict:
-    """``support``: the manifest's verdict per driver version (world/support.support_for); None when the caller
-    has not consulted the manifest (the manifest check is then left out of the install advice)."""
+def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
+    """``snap``: the world (model.World: world.facts). ``support``: the manifest's verdict per driver version
+    (world/support.support_for); None when the caller has not consulted the manifest (the manifest check is then
+    left out of the install advice)."""
     f: list[Finding] = []
-    host = snap["host"]
-    uvm = snap["uvm"]
-    sb = snap.get("secure_boot") or {}
-    records = snap.get("records") or {}
+    host = snap.host
+    uvm = snap.uvm
+    sb = snap.secure_boot if isinstance(snap.secure_boot, dict) else {}
+    records = snap.records
     running = _running(snap)
     # the running kernel (also one whose /lib/modules is gone: unknown-kernel); None under an image root
-    rk = running["release"] if running else (snap.get("host") or {}).get("kernel")
+    rk = running.release if running else host.kernel
     decision = inst_mod.installability(snap, config, support, rk) if rk else None
 
     # 0. Configuration notes (an old name still read).
@@ -194,40 +195,40 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
 
     # 1b. Known faults of the NVIDIA driver around our module (uvm_patch/hazards.yaml): shown on every
     #     path below, including not-applicable.
-    f.extend(Finding(**x) for x in findings_from_inputs(snap.get("hazard_inputs")))
+    f.extend(Finding(**x) for x in findings_from_inputs(snap.hazard_inputs))
 
     # 2. Safety first: a patched module selected or loaded beside a different driver's nvidia.ko.
     mismatch = False
-    for k in snap.get("kernels", []):
-        sel, nv = k.get("uvm_selected") or {}, k.get("nvidia_selected") or {}
+    for k in snap.kernels:
         if ours.driver_mismatch(k):           # the one predicate (decide/ours.py), as the planner's
             mismatch = True
             f.append(Finding("override-driver-mismatch", "error",
-                             f"Our nvidia-uvm {sel['version']} is selected for kernel {k['release']} beside "
-                             f"nvidia.ko {nv['version']}; the load-time guard will load the stock module instead.",
+                             f"Our nvidia-uvm {k.uvm_selected.version} is selected for kernel {k.release} beside "
+                             f"nvidia.ko {k.nvidia_selected.version}; the load-time guard will load the stock module "
+                             "instead.",
                              f"{rm.run('spark-memsaver reconcile')} (or '{rm.RESTART_DAEMON}') to remove the stale "
-                             "override and rebuild for the installed driver.", k["release"]))
-    loaded_nv = snap["driver"].get("loaded_version")
+                             "override and rebuild for the installed driver.", k.release))
+    loaded_nv = snap.driver.loaded_version
     if ours.loaded_mismatch(uvm, loaded_nv):
         mismatch = True
         f.append(Finding("loaded-driver-mismatch", "error",
-                         f"The loaded nvidia-uvm is ours for {uvm['version']} but nvidia {loaded_nv} is loaded.",
+                         f"The loaded nvidia-uvm is ours for {uvm.version} but nvidia {loaded_nv} is loaded.",
                          f"Stop CUDA work and run '{rm.sm('rollback')}', or reboot."))
 
     # 2b. A build made with other settings than the config's now.
     f.extend(config_changed(snap, config, support))
 
     # 3. Interrupted operations.
-    for intent in records.get("intents", []):
+    for intent in records.intents:
         f.append(Finding("operation-interrupted", "warning",
                          f"An interrupted '{intent.get('op', '?')}' operation was found "
                          f"(started {intent.get('started', '?')}).",
                          f"spark-memsaverd finishes or undoes it at start; or run '{rm.sm('reconcile')}'.",
                          intent.get("kernel")))
-    for path in records.get("unreadable", []):
+    for path in records.unreadable:
         f.append(Finding("state-record-unreadable", "warning", f"State record {path} is not valid JSON.",
                          f"{rm.run('spark-memsaver reconcile')}; it re-derives state from the system and rewrites it."))
-    for q in records.get("quarantined", []):
+    for q in records.quarantined:
         aside = f" and was set aside as {q['moved_to']}" if q.get("moved_to") else ""
         f.append(Finding("record-quarantined", "warning",
                          f"State record {q['path']} ({q.get('kind', '?')}) is not trusted: {q.get('reason', '?')}"
@@ -256,37 +257,46 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
     f.extend(secure_boot_findings(snap, sb, sb_state))
 
     # 5. Policy for the running kernel.
-    ours_selected = bool(running and ours.is_ours(running.get("uvm_selected")))
+    ours_selected = bool(running and ours.is_ours(running.uvm_selected))
     if running is None and decision is not None:
         f.extend(install_findings(decision))
     if running is not None:
         pv = policy_verdict(running, config)
-        if not pv.ok and not ours_selected and not (uvm.get("loaded") and ours.is_ours(uvm)):
+        if not pv.ok and not ours_selected and not (uvm.loaded and ours.is_ours(uvm)):
             f.append(Finding("kernel-outside-policy", "info", pv.why.capitalize() + ".",
-                             inst_mod.policy_remedy(config, pv), running["release"]))
-            if host.get("page_size") != 65536 and config.kernels == "64k-only":
+                             inst_mod.policy_remedy(config, pv), running.release))
+            if host.page_size != 65536 and config.kernels == "64k-only":
                 return Verdict("needs-attention" if mismatch else "not-applicable", f)
-        if not running.get("headers"):
+        if not running.headers:
             f.append(Finding("headers-missing", "warning" if pv.ok else "info",
-                             f"Kernel headers for {running['release']} are not installed; nothing can be built for it.",
-                             f"sudo apt-get install linux-headers-{running['release']}", running["release"]))
+                             f"Kernel headers for {running.release} are not installed; nothing can be built for it.",
+                             f"sudo apt-get install linux-headers-{running.release}", running.release))
         if not ours_selected:
             f.extend(install_findings(decision))
-    for k in snap.get("kernels", []):
-        if k.get("running"):
+    for k in snap.kernels:
+        if k.running:
             continue
         ok, _ = kernel_in_policy(k, config)
-        if ok and not k.get("headers"):
+        if ok and not k.headers:
             f.append(Finding("headers-missing", "info",
-                             f"Kernel headers for {k['release']} are not installed; it stays stock.",
-                             f"sudo apt-get install linux-headers-{k['release']}", k["release"]))
+                             f"Kernel headers for {k.release} are not installed; it stays stock.",
+                             f"sudo apt-get install linux-headers-{k.release}", k.release))
 
     if mismatch:
         return Verdict("needs-attention", f)
 
     # 6. Loaded module.
-    if uvm.get("loaded") and ours.is_ours(uvm):
-        packing = uvm.get("packing") or {}
+    if uvm.loaded and ours.is_ours(uvm):
+        if running is not None and not ours_selected:
+            # removed or rolled back while /dev/nvidia-uvm was in use: ours keeps packing until it is unloaded
+            hold = holds.held(records, rk) if rk else None
+            f.append(Finding("ours-loaded-stock-selected", "info",
+                             f"Our nvidia-uvm is still loaded, but it is no longer selected for kernel {rk}"
+                             + (f" ({holds.origin(hold)})" if hold else "")
+                             + ": the selected module takes its place when nvidia-uvm is next loaded.",
+                             "Reload nvidia-uvm while no CUDA work runs: 'sudo modprobe -r nvidia_uvm && sudo "
+                             "modprobe nvidia_uvm', or reboot.", rk))
+        packing = uvm.packing or {}
         if "error" in packing or not packing:
             f.append(Finding("counters-unreadable", "warning",
                              "Our nvidia-uvm is loaded but its counters could not be read: "
@@ -320,7 +330,7 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
         f.append(Finding("held", "info", f"Kernel {rk} is {holds.describe(hold, rk, rk)}: spark-memsaverd and "
                          "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.",
                          holds.resume_command(hold, rk, rk), rk))
-    rollbacks = records.get("rollbacks", [])
+    rollbacks = records.rollbacks
     if rollbacks and not ours_selected:
         last = sorted(rollbacks, key=lambda r: str(r.get("time", "")))[-1]
         remedy = last.get("remedy") or ("Nothing is broken: the stock module is in use. The patch comes back by "
@@ -346,12 +356,12 @@ def evaluate(snap: dict, config: Config, support: dict | None = None) -> Verdict
             return Verdict("unverified", f)
         if any(x.code in ("ours-load-failed", "mok-not-trusted-by-kernel") for x in f):
             return Verdict("needs-attention", f)
-        if uvm.get("loaded"):
+        if uvm.loaded:
             f.append(Finding("activation-pending", "info",
                              "Our nvidia-uvm is installed but the stock module is still loaded.",
                              f"{rm.run('spark-memsaver activate')} (needs /dev/nvidia-uvm unused), or reboot."))
         return Verdict("installed", f)
-    if any(b.get("built") for r in (snap.get("dkms") or {}).get("registrations", []) for b in r.get("builds", [])):
+    if any(b.built for r in snap.dkms.registrations for b in r.builds):
         return Verdict("built", f)
 
     message, remedy = install_advice(decision)

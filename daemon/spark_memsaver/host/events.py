@@ -174,9 +174,12 @@ def _migrate(p: str, legacy: str) -> None:
     log's lock). A line that cannot be read is kept as it was (readers skip and count it, as before)."""
     fd = os.open(legacy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)   # a link is never copied into the log
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(max(0, size - MAX_BYTES))           # an older install kept 500 lines; more is not ours
-        old = [_converted(raw) for raw in f.read().splitlines()[1 if size > MAX_BYTES else 0:] if raw.strip()]
+        cut = max(0, os.fstat(f.fileno()).st_size - MAX_BYTES)    # an older install kept 500 lines; more is not ours
+        f.seek(max(0, cut - 1))                    # from the byte before the cut: does the cut split a line?
+        data = f.read()
+        if cut:                                    # drop the line the cut went through; one it starts is whole
+            data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+        old = [_converted(raw) for raw in data.splitlines() if raw.strip()]
     with open(p, "rb") as f:
         cur = [raw for raw in f.read().splitlines() if raw.strip()]
     lines = sorted(old + cur, key=_line_time)      # stable: the older file's line first at the same second

@@ -1,4 +1,8 @@
-"""Observe: one snapshot of the host, read through a root prefix, as a plain dict of facts.
+"""Observe: one snapshot of the host, read through a root prefix, as the typed world (spark_memsaver/model.py).
+
+The section readers (observe_host, observe_uvm, observe_memory, ...) return their plain JSON shape: the idle
+daemon samples observe_uvm/observe_memory and loads no dataclasses. :func:`snapshot` gathers them once and
+returns a :class:`model.World`.
 
 Nothing here decides anything: two sections are readings that spark_memsaver/world/ hands to decide/ before
 anyone else sees the snapshot -- "secure_boot" (an efi/mokvars.MokReading; decide/mok.section) and
@@ -341,8 +345,10 @@ def observe_hazard_inputs(host: Host, h: dict | None = None, driver: dict | None
 
 # --- the snapshot ------------------------------------------------------------------------------
 
-def snapshot(host: Host, config=None) -> dict:
-    """Everything observed. config: the caller's (--config, the daemon's); never reloaded here when given."""
+def snapshot(host: Host, config=None):
+    """Everything observed, as a model.World. config: the caller's (--config, the daemon's); never reloaded here
+    when given."""
+    from spark_memsaver.model import World
     from spark_memsaver.observe import mok
     t0 = time.monotonic()
     h = observe_host(host)
@@ -359,7 +365,7 @@ def snapshot(host: Host, config=None) -> dict:
     for k in kernels:
         k["running"] = k["release"] == h["kernel"]
     uvm = observe_uvm(host)
-    snap = {
+    shape = {
         "host": h,
         "driver": observe_driver(host),
         "uvm": uvm,
@@ -373,11 +379,11 @@ def snapshot(host: Host, config=None) -> dict:
     # the driver sources fetched into our cache count as sources (origin "cache"); how to get a missing one
     from spark_memsaver.observe import sources as driver_sources
     cached = driver_sources.cache_entries(host)
-    snap["driver"]["sources"] += driver_sources.cache_sources(host, cached)
-    snap["driver_sources"] = driver_sources.facts(host, config, snap["driver"], kernels, cached)
-    snap["hazard_inputs"] = observe_hazard_inputs(host, h, snap["driver"], kernels)
+    shape["driver"]["sources"] += driver_sources.cache_sources(host, cached)
+    shape["driver_sources"] = driver_sources.facts(host, config, shape["driver"], kernels, cached)
+    shape["hazard_inputs"] = observe_hazard_inputs(host, h, shape["driver"], kernels)
     from spark_memsaver.observe import guardlog
-    snap["guard"] = {"ours_load_failed": guardlog.ours_load_failed(host, h["kernel"])}
-    snap["unknown"] = unknown
-    snap["observed_in_s"] = round(time.monotonic() - t0, 4)
-    return snap
+    shape["guard"] = {"ours_load_failed": guardlog.ours_load_failed(host, h["kernel"])}
+    shape["unknown"] = unknown
+    shape["observed_in_s"] = round(time.monotonic() - t0, 4)
+    return World.from_json(shape, "snapshot")   # each section typed

@@ -1,9 +1,9 @@
 """Observe: where each installed NVIDIA driver's open kernel-module source is (/usr/src, or our cache in
 /var/cache/spark-memsaver/sources) and, when it is missing, which exact package version APT's lists offer.
 
-    facts(host, config, driver, kernels) -> what decide/sources.section decides snap["driver_sources"] over
+    facts(host, config, driver, kernels) -> what decide/sources.section decides World.driver_sources over
     offered(host, packages)              -> what APT's lists offer (the packages: decide/sources.packages_to_ask)
-    cache_sources(host)  -> the cached trees, in snap["driver"]["sources"]'s shape with "origin": "cache"
+    cache_sources(host)  -> the cached trees, in the JSON shape of World.driver.sources with "origin": "cache"
 
 APT is read with its own tools (apt-cache madison / show, dpkg-query) through the host's runner. A --root host
 is read through its own APT state (``-o Dir=<root>/``, no cache files written there); a root without APT lists
@@ -202,7 +202,7 @@ def cache_entries(host: Host) -> list[dict]:
 
 
 def cache_sources(host: Host, entries: list[dict] | None = None) -> list[dict]:
-    """The cached trees in snap["driver"]["sources"]'s shape (version, path, open) plus origin "cache"."""
+    """The cached trees in the JSON shape of World.driver.sources (version, path, open) plus origin "cache"."""
     return [{"version": e["driver"], "path": e["path"], "open": e["open"], "origin": "cache"}
             for e in (entries if entries is not None else cache_entries(host))]
 
@@ -242,7 +242,7 @@ def pending(host: Host) -> dict | None:
 
 
 def facts(host: Host, config, driver: dict, kernels: list[dict], entries: list[dict] | None = None) -> dict:
-    """What snap["driver_sources"] is decided over (decide/sources.section): the mode, the source trees (/usr/src
+    """What World.driver_sources is decided over (decide/sources.section): the mode, the source trees (/usr/src
     and the cache), the driver versions in effect, which of them have no tree, and for those the system's
     layout (os-release, nvidia.ko, dpkg's NVIDIA packages)."""
     mode = getattr(config, "source_fetch", "auto") if config is not None else "auto"

@@ -14,7 +14,6 @@ from spark_memsaver import __version__
 from spark_memsaver.config import Config
 from spark_memsaver.decide.status import Verdict, evaluate
 from spark_memsaver.host import Host
-from spark_memsaver.observe.snapshot import snapshot
 
 SCHEMA_VERSION = 2
 
@@ -34,53 +33,55 @@ def node_identity(host: Host) -> dict:
     return {"hostname": hostname or None, "machine_id": mid if mid and re.fullmatch(r"[0-9a-f]{32}", mid) else None}
 
 
-def _uvm_selected(k: dict) -> dict | None:
-    sel = k.get("uvm_selected")
+def _uvm_selected(k) -> dict | None:
+    sel = k.uvm_selected
     if not sel:
         return None
-    return {key: sel.get(key) for key in ("path", "version", "patched", "signer", "srcversion", "vermagic")}
+    return {"path": sel.path, "version": sel.version, "patched": sel.patched, "signer": sel.signer,
+            "srcversion": sel.srcversion, "vermagic": sel.vermagic}
 
 
-def _hold(snap: dict) -> dict | None:
+def _hold(w) -> dict | None:
     """The administrator's hold on the running kernel (decide/hold.py), with the line status prints."""
     from spark_memsaver.decide import hold as holds
-    k = (snap.get("host") or {}).get("kernel")
-    h = holds.held(snap.get("records"), k) if k else None
+    k = w.host.kernel
+    h = holds.held(w.records, k) if k else None
     if not h:
         return None
     return {"by": h.get("by"), "since": h.get("since"), "kernel": h.get("kernel"), "reason": h.get("reason"),
             "text": holds.describe(h, k, k), "resume": holds.resume_command(h, k, k)}
 
 
-def build_document(snap: dict, verdict: Verdict, config: Config) -> dict:
-    uvm = snap["uvm"]
-    packing = uvm.get("packing")
+def build_document(w, verdict: Verdict, config: Config, identity: dict | None = None) -> dict:
+    """The status document from a world (model.World), its verdict and the config; ``identity`` (node_identity)
+    joins ``host``."""
+    uvm = w.uvm
     return {
         "schema": SCHEMA_VERSION,
         "version": __version__,
         "state": verdict.state,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": dict(snap["host"], **snap.get("identity", {})),
-        "driver": {"loaded_version": snap["driver"]["loaded_version"],
-                   "sources": [{"version": s["version"], "path": s["path"], "open": s["open"],
-                                "origin": s.get("origin", "usr-src")} for s in snap["driver"]["sources"]]},
-        **({"driver_sources": snap["driver_sources"]} if isinstance(snap.get("driver_sources"), dict) else {}),
-        "uvm": {"loaded": uvm["loaded"], "version": uvm.get("version"), "srcversion": uvm["srcversion"],
-                "patched": uvm["patched"], "parameters": uvm.get("parameters", {}), "packing": packing},
-        "kernels": [{"release": k["release"], "running": k["running"], "page_size": k["page_size"],
-                     "headers": k["headers"], "uvm_selected": _uvm_selected(k),
-                     "nvidia_version": (k.get("nvidia_selected") or {}).get("version")}
-                    for k in snap["kernels"]],
-        "dkms": snap["dkms"],
-        "secure_boot": snap["secure_boot"],
-        "uvm_holders": snap["holders"],
-        "memory": snap["memory"],
-        "records": snap.get("records", {}),
+        "host": dict(w.host.as_json(), **(identity or {})),
+        "driver": {"loaded_version": w.driver.loaded_version,
+                   "sources": [{"version": s.version, "path": s.path, "open": s.open,
+                                "origin": s.origin or "usr-src"} for s in w.driver.sources]},
+        **({"driver_sources": w.driver_sources} if isinstance(w.driver_sources, dict) else {}),
+        "uvm": {"loaded": uvm.loaded, "version": uvm.version, "srcversion": uvm.srcversion,
+                "patched": uvm.patched, "parameters": uvm.parameters, "packing": uvm.packing},
+        "kernels": [{"release": k.release, "running": k.running, "page_size": k.page_size,
+                     "headers": k.headers, "uvm_selected": _uvm_selected(k),
+                     "nvidia_version": k.nvidia_selected.version if k.nvidia_selected else None}
+                    for k in w.kernels],
+        "dkms": w.dkms.as_json(),
+        "secure_boot": w.secure_boot,
+        "uvm_holders": [h.as_json() for h in w.holders],
+        "memory": w.memory.as_json(),
+        "records": w.records.as_json(),
         "config": {"kernels": config.kernels, "tier": config.tier, "interval": config.interval,
                    "source": config.source},
         "findings": [x.to_dict() for x in verdict.findings],
-        "hold": _hold(snap),
-        "unknown": list(snap.get("unknown") or []),
+        "hold": _hold(w),
+        "unknown": list(w.unknown),
     }
 
 
@@ -96,9 +97,8 @@ def status(host: Host, config: Config, snap: dict, support: dict) -> tuple[dict,
     """The document and its verdict from the planner's snapshot and manifest verdict (world.facts; status_of
     gathers them): status, install and reconcile decide installability from the same facts
     (decide/installability.py). report/ imports nothing of act/."""
-    snap["identity"] = node_identity(host)
     verdict = evaluate(snap, config, support)
-    doc = build_document(snap, verdict, config)
+    doc = build_document(snap, verdict, config, node_identity(host))
     # the manifest's verdict on each driver source, by content where the tree is here (world/support.support)
     doc["driver"]["patch"] = {s["version"]: {k: sup.get(k) for k in ("supported", "qualification", "by",
                                                                      "inherited_from", "drifted")}

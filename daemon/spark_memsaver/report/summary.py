@@ -102,7 +102,8 @@ def next_step(doc: dict) -> str | None:
         if not remedy or remedy.lower().startswith("nothing to do"):
             continue
         if f.get("severity") == "info" and f.get("code") not in ("stock", "activation-pending",
-                                                                 "driver-source-fetchable", "packing-disabled"):
+                                                                 "driver-source-fetchable", "packing-disabled",
+                                                                 "ours-loaded-stock-selected"):
             continue
         return remedy
     if _packing(doc) and not _validated(doc):

@@ -40,12 +40,6 @@ def _u64(v) -> int:
     return max(0, int(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
 
-def remote_error(d: dict) -> MemsaverError:
-    """A named error reported as a dict (by the status child) -> an exception of that name."""
-    cls = type(str(d.get("name") or "Failed"), (MemsaverError,), {"code": str(d.get("code") or "error")})
-    return cls(str(d.get("message") or "failed"), remedy=d.get("remedy") or None)
-
-
 class Daemon:
     """The core. Every method runs on the main loop unless its name says thread."""
 
@@ -313,7 +307,7 @@ class Daemon:
             out["ans"] = ans = self._status_answer()
             progress(0.9, "evaluating")
             if ans.get("doc") is None:
-                raise remote_error(ans.get("error") or {})
+                raise MemsaverError.from_dict(ans.get("error") or {})
             return {"state": ans["doc"].get("state"), "findings": [f.get("code") for f in ans["doc"].get("findings", [])]}
 
         def then(job):

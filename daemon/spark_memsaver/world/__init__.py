@@ -1,6 +1,6 @@
 """One world: the host observed once (observe/), decided once (decide/) -- the snapshot every reader and every
-door works from. observe/ and decide/ never import each other; this module, one layer above both, hands each
-reading to its verdict:
+door works from, a typed model.World (spark_memsaver/model.py) read by attribute. observe/ and decide/ never
+import each other; this module, one layer above both, hands each reading to its verdict:
 
     snapshot(host, config)         observe/snapshot.snapshot, then the two sections that are decided over readings:
                                    "secure_boot" (decide/mok.section over observe/mok.read) and "driver_sources"
@@ -18,15 +18,16 @@ to act/ (tests/test_layers.py); act/installable.py takes the same facts for the 
 from __future__ import annotations
 
 
-def snapshot(host, config=None) -> dict:
-    """Everything observed, with its decided sections. config: the caller's; never reloaded here when given."""
+def snapshot(host, config=None):
+    """Everything observed (a model.World), with its decided sections. config: the caller's; never reloaded here
+    when given."""
     from spark_memsaver.decide import mok as dmok
     from spark_memsaver.observe import snapshot as osnap
 
-    snap = osnap.snapshot(host, config)
-    snap["secure_boot"] = dmok.section(snap["secure_boot"])
-    snap["driver_sources"] = _decide_sources(host, snap["driver_sources"])
-    return snap
+    w = osnap.snapshot(host, config)
+    w.secure_boot = dmok.section(w.secure_boot)
+    w.driver_sources = _decide_sources(host, w.driver_sources)
+    return w
 
 
 def secure_boot(host, cert: str | None = None, config=None) -> dict:
@@ -38,7 +39,8 @@ def secure_boot(host, cert: str | None = None, config=None) -> dict:
     return dmok.section(omok.read(host, cert, config))
 
 
-def driver_sources(host, config, driver: dict, kernels: list[dict], entries: list[dict] | None = None) -> dict:
+def driver_sources(host, config, driver, kernels, entries: list[dict] | None = None) -> dict:
+    """The ``driver_sources`` section alone (``driver``/``kernels``: the world's, or their JSON shape)."""
     from spark_memsaver.observe import sources as osrc
 
     return _decide_sources(host, osrc.facts(host, config, driver, kernels, entries))
@@ -54,40 +56,42 @@ def _decide_sources(host, facts: dict) -> dict:
     return dsrc.section(facts, lists, apt_known)
 
 
-def observe_for_plan(host, config=None) -> dict:
+def observe_for_plan(host, config=None):
     """The snapshot plus what the planner needs that the snapshot does not carry yet: each kernel's
-    policy facts (decide/policy.py) and the build records (what the installed builds were made with)."""
+    policy facts (decide/policy.py: ``Kernel.kconfig``) and the build records (``Records.builds``: what the
+    installed builds were made with)."""
     from spark_memsaver.decide import policy
+    from spark_memsaver.model import ABSENT
     from spark_memsaver.observe import builds as obuilds
     from spark_memsaver.observe import snapshot as osnap
     from spark_memsaver.versions import base_version
 
-    snap = snapshot(host, config)
-    for k in snap.get("kernels", []):
-        if "kconfig" not in k:
-            k.update(policy.kernel_facts(osnap.kernel_config(host, k["release"])))
-    recs = snap.setdefault("records", {})
-    if "builds" not in recs:
+    w = snapshot(host, config)
+    for k in w.kernels:
+        if k.kconfig is ABSENT:
+            k.kconfig = policy.kernel_facts(osnap.kernel_config(host, k.release))["kconfig"]
+    if w.records.builds is ABSENT:
         builds = {b["kernel"]: b for b in obuilds.read_builds(host)}
-        for k in snap.get("kernels", []):
-            sel = k.get("uvm_selected") or {}
-            if sel.get("patched") and k["release"] not in builds:
-                meta = obuilds.dkms_meta(host, base_version(sel.get("version")))
+        for k in w.kernels:
+            sel = k.uvm_selected
+            if sel and sel.patched and k.release not in builds:
+                meta = obuilds.dkms_meta(host, base_version(sel.version))
                 if meta:
-                    builds[k["release"]] = {"kernel": k["release"], **meta}
-        recs["builds"] = list(builds.values())
-    return snap
+                    builds[k.release] = {"kernel": k.release, **meta}
+        w.records.builds = list(builds.values())
+    return w
 
 
-def versions_in(snap: dict) -> set[str]:
+def versions_in(w) -> set[str]:
+    """The driver versions a world names: each kernel's nvidia.ko and each source tree."""
     from spark_memsaver.versions import base_version
 
-    vs = {base_version((k.get("nvidia_selected") or {}).get("version")) for k in snap.get("kernels", [])}
-    vs |= {s.get("version") for s in (snap.get("driver") or {}).get("sources", [])}
+    vs = {base_version(k.nvidia_selected.version) for k in w.kernels if k.nvidia_selected}
+    vs |= {s.version for s in w.driver.sources}
     return {v for v in vs if v}
 
 
-def facts(host, config) -> tuple[dict, dict]:
+def facts(host, config) -> tuple:
     """(snapshot, support): the planner's snapshot and the manifest's verdict on every driver version in it."""
     from spark_memsaver.world import support
 

@@ -82,10 +82,10 @@ def support_for(versions, trees: dict | None = None) -> dict:
     return out
 
 
-def source_trees(host, snap: dict) -> dict:
-    """{driver version: host path of its open NVIDIA tree} from the snapshot's driver sources (first one wins)."""
+def source_trees(host, w) -> dict:
+    """{driver version: host path of its open NVIDIA tree} from a world's driver sources (first one wins)."""
     out = {}
-    for s in (snap.get("driver") or {}).get("sources", []):
-        if s.get("version") and s.get("path") and s.get("open", True) and s["version"] not in out:
-            out[s["version"]] = host.path(s["path"])
+    for s in w.driver.sources:
+        if s.version and s.path and s.open and s.version not in out:
+            out[s.version] = host.path(s.path)
     return out
