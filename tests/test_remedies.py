@@ -418,3 +418,21 @@ def test_kernel_with_all_remedy_carries_sudo_whoever_asks(tmp_path, op):
         executor.perform(op, Host(root), Config(), kernel=sparkroot.SPARK_KERNEL, all_kernels=True)
     cmds = rm.commands_in(e.value.remedy)
     assert len(cmds) == 2 and [p for c in cmds for p in check_command(c)] == [], e.value.remedy
+
+
+def test_the_last_remedies_without_a_command_name_one():
+    """packing-predicates-unmet, counters-unreadable and mok-blocked said what was wrong but named nothing to run
+    (before: 'Packing applies only to integrated GPUs ...', 'Update spark-memsaver so it matches the module, or
+    rebuild the module.', 'Create a new signing key, point DKMS at it ... and enroll that one.')."""
+    from spark_memsaver.decide.mok import MokKeyBlocked
+    rows = {code: cmds for _, _, code, cmds in walk_decide()[0]}
+    assert rows["packing-predicates-unmet"] == ["sudo spark-memsaver rollback", "sudo spark-memsaver install"]
+    unreadable = rows["counters-unreadable"]
+    assert unreadable[0] == "sudo apt-get install --only-upgrade spark-memsaver", unreadable
+    assert any(c.startswith("sudo spark-memsaver build --kernel ") and c.endswith("--force && sudo spark-memsaver "
+               "install --kernel " + c.split("--kernel ")[1].split()[0]) for c in unreadable), unreadable
+    assert unreadable[-1] == "sudo modprobe -r nvidia_uvm && sudo modprobe nvidia_uvm", unreadable
+    assert rm.commands_in(MokKeyBlocked.remedy) == ["sudo spark-memsaver build --force", "sudo spark-memsaver install",
+                                                    "sudo spark-memsaver mok enroll"]
+    for c in unreadable + rm.commands_in(MokKeyBlocked.remedy):
+        assert check_command(c) == [], c

@@ -54,8 +54,11 @@ class MokPendingDelete(MokError):
 
 class MokKeyBlocked(MokError):
     code = "mok-key-blocked"
-    remedy = ("The firmware forbids this key (dbx or MokListXRT). Create a new signing key, point DKMS at it "
-              "(mok_signing_key/mok_certificate in /etc/dkms/framework.conf.d/) and enroll that one.")
+    remedy = ("The firmware forbids this key (dbx or MokListXRT): make a new key pair (the openssl command of "
+              "ansible/README.md, 'A fleet signing key'), install the key root-only (0600) and point signing_key and "
+              "signing_cert in /etc/spark-memsaver/config.yaml at the pair; then run "
+              "'sudo spark-memsaver build --force' and 'sudo spark-memsaver install' (ours, signed with the new key), "
+              "then 'sudo spark-memsaver mok enroll'.")
 
 
 class MokBadPassword(MokError):

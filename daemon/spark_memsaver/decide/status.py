@@ -298,10 +298,16 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
                              "modprobe nvidia_uvm', or reboot.", rk))
         packing = uvm.packing or {}
         if "error" in packing or not packing:
+            from spark_memsaver.decide.plan import rebuild_command
             f.append(Finding("counters-unreadable", "warning",
                              "Our nvidia-uvm is loaded but its counters could not be read: "
                              + packing.get("error", "missing") + ".",
-                             "Update spark-memsaver so it matches the module, or rebuild the module."))
+                             "Our loaded module and this spark-memsaver disagree on the counters' format: update "
+                             "spark-memsaver ('sudo apt-get install --only-upgrade spark-memsaver'), or rebuild our "
+                             "module from this version: "
+                             + (f"'{rebuild_command(rk)}'" if rk else f"'{rm.sm('reconcile')}'")
+                             + ", then reload nvidia-uvm while no CUDA work runs ('sudo modprobe -r nvidia_uvm && "
+                             "sudo modprobe nvidia_uvm') or reboot.", rk))
             return Verdict("needs-attention", f)
         if packing.get("tier") == "off":
             f.append(Finding("packing-disabled", "info", "Our nvidia-uvm is loaded with packing turned off "
@@ -317,7 +323,8 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
                              "Our nvidia-uvm is loaded but the GPU did not qualify for packing "
                              f"(reason: {packing.get('unpacked_reason', 'unknown')}).",
                              "Packing applies only to integrated GPUs without vidmem on DMA-coherent systems "
-                             "(DGX Spark / GB10)."))
+                             f"(DGX Spark / GB10): nothing is saved on this GPU. Go back to the stock module with "
+                             f"'{rm.sm('rollback')}' (held until '{rm.sm('install')}')."))
             return Verdict("inactive", f)
         if sb_state == "unknown":
             return Verdict("unverified", f)
