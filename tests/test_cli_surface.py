@@ -26,7 +26,8 @@ ENV.pop("SPARK_MEMSAVER_CONFIG", None)
 LEAVES = dict(gen_docs().leaf_commands())
 MUTATING = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
             "validate"}
-DRY_RUN = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel"}
+DRY_RUN = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
+           "validate"}
 GROUPS = ["", "mok", "patch", "config"]        # "": spark-memsaver itself
 VAGUE = {"TEXT", "INTEGER", "FLOAT", "PATH", "DIRECTORY", "FILENAME", "FILE PATH", "INTEGER RANGE", "FLOAT RANGE"}
 

@@ -78,7 +78,7 @@ def test_command_tags_render_whole():
     section = out.split("COMMANDS", 1)[1].split("EXIT STATUS", 1)[0]
     tags = [l.strip() for l in section.splitlines() if re.match(r"^ {7}\S", l)]
     assert "install [--kernel K | --all] [--dry-run] [--json]" in tags, tags
-    assert "validate [--max-gib N] [--duration S] [--threads N] [--report FILE] [--json]" in tags, tags
+    assert "validate [--max-gib N] [--duration S] [--threads N] [--report FILE] [--json] [--dry-run]" in tags, tags
     for t in tags:
         assert t.count("[") == t.count("]"), t
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -54,6 +53,7 @@ from spark_memsaver.validate.params import (  # noqa: F401
     VERIFY_CHUNK, HOST_FRACTION, WORKER_GRACE_S, PEAK_WAIT_S, RETURN_WAIT_S, STATE_DIR, REPORT_PATH,
     REPORT_PATH_ENV, SCHEMA, PASSED, FAILED, REFUSED, NOT_APPLICABLE, EXIT_FOR_OUTCOME, PASS, FAIL, SKIP, NA,
     STOCK_REASON, SIZES, ValidateUsage, HeadroomRefused, check_args, plan_budget, crossings)
+from spark_memsaver.validate.node import identity, uvm as _uvm  # noqa: F401  (patchable here)
 from spark_memsaver.validate.workload import (  # noqa: F401
     _Mismatch, _first_diff, _Block, _Stats, _Thread)
 from spark_memsaver.validate.checks import (  # noqa: F401
@@ -133,21 +133,6 @@ def run_worker(argv: list[str], timeout: float, on_peak) -> dict:
         rc = p.wait()
     errt.join(timeout=5)
     return {"events": events, "returncode": rc, "timed_out": timed_out, "stderr": "".join(err)[-4000:]}
-
-
-def identity(host) -> dict:
-    from spark_memsaver.observe.snapshot import observe_driver, observe_host
-    h = observe_host(host)
-    drv = observe_driver(host)
-    u = os.uname()
-    return {"node": socket.gethostname(), "kernel": h["kernel"], "kernel_version": u.version, "arch": h["arch"],
-            "page_size": h["page_size"], "nvidia_driver": drv["loaded_version"],
-            "nvidia_srcversion": (host.read_text("/sys/module/nvidia/srcversion") or "").strip() or None}
-
-
-def _uvm(host) -> dict:
-    from spark_memsaver.observe.snapshot import observe_uvm
-    return observe_uvm(host)
 
 
 def run_validation(host, params: dict, *, argv: list[str] | None = None, timeout: float | None = None) -> dict:
@@ -326,12 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--report", default=None)
+    ap.add_argument("--dry-run", action="store_true")
     try:
         a = ap.parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code else 0
     from spark_memsaver.host import Host
     try:
+        if a.dry_run:
+            from spark_memsaver.validate import dryrun
+            p = dryrun.plan(Host("/"), a.max_gib, a.duration, a.threads, a.report)
+            print(json.dumps(p, indent=2) if a.json else dryrun.render(p))
+            return p["exit_code"]
         rep = validate(Host("/"), a.max_gib, a.duration, a.threads, a.report)
     except MemsaverError as e:
         if a.json:
