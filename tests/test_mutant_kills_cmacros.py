@@ -201,3 +201,46 @@ def test_a_long_chain_keeps_its_ends():
     assert M._short(ValueError("short")) == "short"
     assert M._short(ValueError(s)) == "x" * 133 + " ... " + "y" * 266
     assert M._short(ValueError("z" * 400)) == "z" * 400
+
+
+def _value(text, macro="X", page_size=K4):
+    try:
+        return ("value", M.macro_value(text, macro, page_size))
+    except CEvalError as e:
+        return (type(e).__name__, str(e))
+
+
+def test_the_edges_the_rerun_left():
+    """Survivors of the re-run against the tests above: the size cap's edge, the shown directive's 80-character
+    edge, the memo that keeps a doubling chain linear, and a configuration symbol used as a value."""
+    at_cap = "#define X 1\n"
+    at_cap += " " * (M._MAX_TEXT - len(at_cap))
+    assert _value(at_cap) == ("value", 1)                                  # exactly 2 MiB is read
+    assert _value(at_cap + " ") == ("CLimitError", "the file is larger than 2 MiB")
+    e80 = "#if " + U + " + " + "1" * (80 - len("#if " + U + " + "))
+    why = "at 4 KiB pages: X (line 2) is defined under a condition this check cannot decide (line 1: "
+    assert _value(e80 + "\n#define X 1\n#endif\n") == ("CEvalError", why + e80 + ")")
+    assert _value(e80 + "2\n#define X 1\n#endif\n") == ("CEvalError", why + e80[:77] + "...)")
+    chain = "#define M0 1\n" + "".join(f"#define M{i + 1} (M{i} + M{i})\n" for i in range(30)) + "#define X M30\n"
+    assert _value(chain) == ("value", 1 << 30)         # without the memo: 2**30 operands, past the work limit
+    assert _value("#define X (CONFIG_ARM64 + 1)\n") == (
+        "CEvalError", "at 4 KiB pages: X (line 1): CONFIG_ARM64 is not defined here and is not a known kernel or "
+                      "NVIDIA constant")
+    assert _value("#define X (PAGE_SHIFT + 1)\n", page_size=K64) == ("value", 17)
+
+
+def test_python_recursion_is_a_limit_not_a_crash(monkeypatch):
+    def deep(*a):
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr(M, "_scan", deep)
+    assert _value("#define X 1\n") == ("CLimitError", "expressions or macros nested too deeply")
+
+
+def test_a_failed_macro_is_remembered_too():
+    """A macro that cannot be resolved is resolved once: 3,000 references to the end of an undecidable 40-deep
+    chain cost 40 steps, not 120,000 (which would stop the read at the work limit)."""
+    chain = "".join(f"#define M{i + 1} (M{i} + 1)\n" for i in range(40))
+    text = chain + "#if " + " || ".join(["M40"] * 3000) + "\n#define X 1\n#endif\n"
+    kind, msg = _value(text)
+    assert kind == "CEvalError" and msg.startswith("at 4 KiB pages: X (line 42) is defined under a condition this "
+                                                   "check cannot decide (line 41: #if M40 || M40"), msg
