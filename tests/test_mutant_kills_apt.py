@@ -169,3 +169,25 @@ def test_the_door_line():
     assert A.door_line(dict(base, ok=False)) == f"{K1}: driver 550.163.01 \u2192 550.163.02: override NOT removed: failed"
     assert A.door_line(dict(base, ok=False, error={})) == \
         f"{K1}: driver 550.163.01 \u2192 550.163.02: override NOT removed: failed"
+
+
+def test_the_edges_the_recheck_left():
+    """Survivors of the recheck against the tests above: an unrelated or configure-only package before a
+    driver change, a package shipping modules for more kernels than its name says, an effect the door already
+    read, and two removed packages named together."""
+    acts = [{"name": "libfoo", "old": "1", "new": "2", "action": "/c.deb"},
+            {"name": "nvidia-open", "old": None, "new": "580.142-1", "action": "**CONFIGURE**"},
+            {"name": "nvidia-driver-580", "old": "580.95.05-1", "new": "580.142-1", "action": "/a.deb"}]
+    assert A.driver_changes(acts) == [{**acts[2], "new_driver": "580.142"}]
+    two = _pk(K1, "580.159")
+    two["facts"]["modules"][K2] = ["/lib/modules/y/nvidia.ko"]
+    assert A.package_effect(two)["kernels"] == {K1: "580.159", K2: None}
+    given = {"name": "nvidia-something", "old": "1", "new": "2", "action": "/x.deb",
+             "effect": {"scope": "kernels", "kernels": {K1: "580.159"}, "driver": None, "removed": False,
+                        "how": "nvidia.ko"}}
+    assert [s.driver_to for s in apt.assess(_world(K1), [given])["steps"]] == ["580.159"]
+    r = apt.assess(_world(K1), [_pk(K1, None, removed=True),
+                                _pk(K1, None, removed=True, name="linux-objects-nvidia-580-open-" + K1)])
+    assert [s.reason for s in r["steps"]] == [
+        f"APT removes its NVIDIA driver package (linux-modules-nvidia-580-open-{K1}, "
+        f"linux-objects-nvidia-580-open-{K1}; override was for 580.142)"]
