@@ -227,6 +227,7 @@ def test_the_edges_the_rerun_left():
         "CEvalError", "at 4 KiB pages: X (line 1): CONFIG_ARM64 is not defined here and is not a known kernel or "
                       "NVIDIA constant")
     assert _value("#define X (PAGE_SHIFT + 1)\n", page_size=K64) == ("value", 17)
+    assert _value("\n/* open") == ("CEvalError", "unterminated /* comment at line 2")     # a first line that is empty
 
 
 def test_python_recursion_is_a_limit_not_a_crash(monkeypatch):
