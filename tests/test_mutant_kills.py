@@ -149,13 +149,17 @@ int cuMemcpyDtoH_v2(void *d, unsigned long long s, size_t n) { last_ptr = s; las
 """
 
 
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> Path:
+def compile_standin(d: Path, source: str = STANDIN) -> Path:
+    """d/libcuda.so.1 built with gcc from ``source`` (the stand-in for NVIDIA's library; no GPU here)."""
     needs.require("gcc", remedy="tools/deps/base.txt (build-essential)")
-    d = tmp_path_factory.mktemp("libcuda")
-    (d / "standin.c").write_text(STANDIN)
+    (d / "standin.c").write_text(source)
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(d / "standin.c")], check=True)
     return d / "libcuda.so.1"
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> Path:
+    return compile_standin(tmp_path_factory.mktemp("libcuda"))
 
 
 @pytest.mark.parametrize("size", [5 * GIB + 3, 4 * GIB, (1 << 40) + 4096])

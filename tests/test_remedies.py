@@ -24,7 +24,7 @@ from spark_memsaver import remedy as rm
 from spark_memsaver.config import Config
 from spark_memsaver.decide import installability as inst
 from spark_memsaver.decide.status import evaluate
-from tests.support import sparkroot
+from tests.support import needs, sparkroot
 from tests.support.cliparse import parse, split
 from tests.test_decide import CASES, K, base_snapshot, module, ours_loaded
 from tests.test_exit_codes import _all_errors
@@ -436,3 +436,29 @@ def test_the_last_remedies_without_a_command_name_one():
                                                     "sudo spark-memsaver mok enroll"]
     for c in unreadable + rm.commands_in(MokKeyBlocked.remedy):
         assert check_command(c) == [], c
+
+
+def test_the_blocked_keys_new_pair_passes_the_signing_checks(tmp_path):
+    """mok-blocked's remedy makes the new pair with the commands it quotes (run here with the real install and
+    openssl, inside a root prefix): the key comes out root-only and the signing checks of act/signing.py take
+    the pair its config lines would name. (Before: it pointed at ansible/README.md, which a node does not have.)"""
+    import shlex
+    from spark_memsaver.act import signing
+    from spark_memsaver.decide.mok import MokKeyBlocked
+    from spark_memsaver.host import Host
+    needs.require("openssl", remedy="tools/deps/base.txt")
+    quoted = re.findall(r"'(sudo (?:install|openssl) [^']*)'", MokKeyBlocked.remedy)
+    assert [q.split()[1] for q in quoted] == ["install", "openssl"], MokKeyBlocked.remedy
+    for q in quoted:
+        argv = [a.replace("/etc/spark-memsaver", str(tmp_path / "etc/spark-memsaver")) if a.startswith("/etc/")
+                else a for a in shlex.split(q)[1:]]
+        if argv[0] == "install":
+            (tmp_path / "etc/spark-memsaver").mkdir(parents=True, exist_ok=True)
+        subprocess.run(argv, check=True, capture_output=True)
+    host = Host(tmp_path)
+    assert oct((tmp_path / "etc/spark-memsaver/private").stat().st_mode & 0o777) == "0o700"
+    if os.geteuid() == 0:
+        signing.check_key_file(host, "/etc/spark-memsaver/private/signing.key")
+    assert (tmp_path / "etc/spark-memsaver/private/signing.key").stat().st_mode & 0o077 == 0
+    assert signing.cert_info(host, "/etc/spark-memsaver/signing.crt")["subject"] == "spark-memsaver-signing"
+    assert "ansible/" not in MokKeyBlocked.remedy

@@ -14,8 +14,7 @@ import pytest
 
 from spark_memsaver.validate import checks as vchecks
 from spark_memsaver.validate import dryrun
-from tests.support import needs
-from tests.test_mutant_kills import STANDIN
+from tests.test_mutant_kills import STANDIN, compile_standin
 from tests.test_validate import HostMemoryCuda, by_name, run_worker_inline, stats_text, uvm_reading
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,11 +28,7 @@ int cuInit(unsigned f) { const char *m = getenv("CUINIT_MARK"); if (m) { FILE *o
 
 @pytest.fixture(scope="module")
 def libcuda(tmp_path_factory) -> Path:
-    needs.require("gcc", remedy="tools/deps/base.txt (build-essential)")
-    d = tmp_path_factory.mktemp("libcuda")
-    (d / "standin.c").write_text(MARKED)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(d / "standin.c")], check=True)
-    return d / "libcuda.so.1"
+    return compile_standin(tmp_path_factory.mktemp("libcuda"), MARKED)
 
 
 def cli(args, env_extra, module="spark_memsaver"):

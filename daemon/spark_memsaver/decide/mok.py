@@ -54,11 +54,12 @@ class MokPendingDelete(MokError):
 
 class MokKeyBlocked(MokError):
     code = "mok-key-blocked"
-    remedy = ("The firmware forbids this key (dbx or MokListXRT): make a new key pair (the openssl command of "
-              "ansible/README.md, 'A fleet signing key'), install the key root-only (0600) and point signing_key and "
-              "signing_cert in /etc/spark-memsaver/config.yaml at the pair; then run "
-              "'sudo spark-memsaver build --force' and 'sudo spark-memsaver install' (ours, signed with the new key), "
-              "then 'sudo spark-memsaver mok enroll'.")
+    remedy = ("The firmware forbids this key (dbx or MokListXRT). Make a new key pair, root-only: 'sudo install -d -m "
+              "0700 /etc/spark-memsaver/private' and 'sudo openssl req -new -x509 -nodes -days 36500 -subj "
+              "/CN=spark-memsaver-signing -newkey rsa:2048 -keyout /etc/spark-memsaver/private/signing.key -out "
+              "/etc/spark-memsaver/signing.crt'; set signing_key and signing_cert in /etc/spark-memsaver/config.yaml "
+              "to those two paths; then run 'sudo spark-memsaver build --force' and 'sudo spark-memsaver install' "
+              "(ours, signed with the new key), then 'sudo spark-memsaver mok enroll'.")
 
 
 class MokBadPassword(MokError):

@@ -52,7 +52,8 @@ from spark_memsaver.validate.params import (  # noqa: F401
     THREADS_RANGE, HEADROOM_FRACTION, MIN_BUDGET, SPAN_BYTES, SPAN_WINDOW, SPAN_RESIDENT, MAX_BLOCK,
     VERIFY_CHUNK, HOST_FRACTION, WORKER_GRACE_S, PEAK_WAIT_S, RETURN_WAIT_S, STATE_DIR, REPORT_PATH,
     REPORT_PATH_ENV, SCHEMA, PASSED, FAILED, REFUSED, NOT_APPLICABLE, EXIT_FOR_OUTCOME, PASS, FAIL, SKIP, NA,
-    STOCK_REASON, SIZES, ValidateUsage, HeadroomRefused, check_args, plan_budget, crossings)
+    STOCK_REASON, SIZES, ValidateUsage, HeadroomRefused, check_args, checked, plan_budget, crossings,
+    report_targets)
 from spark_memsaver.validate.node import identity, uvm as _uvm  # noqa: F401  (patchable here)
 from spark_memsaver.validate.workload import (  # noqa: F401
     _Mismatch, _first_diff, _Block, _Stats, _Thread)
@@ -259,15 +260,11 @@ class _single_run:
 
 def validate(host, max_gib, duration, threads, report_path: str | None = None) -> dict:
     """Check arguments, run, save (root: the state file; --report: that path). Returns the report."""
-    params = check_args(max_gib, duration, threads)
-    if not host.is_live:
-        raise ValidateUsage("validate drives the GPU of the running system: it cannot use --root",
-                            remedy="Run it without --root on the node to qualify.")
+    params = checked(host, max_gib, duration, threads)
     with _single_run():
         rep = run_validation(host, params)
     saved, save_errors = [], []
-    state_path = os.environ.get(REPORT_PATH_ENV) or REPORT_PATH
-    targets = ([state_path] if os.geteuid() == 0 else []) + ([report_path] if report_path else [])
+    targets = report_targets(report_path)
     for path in targets:
         try:
             save_report(rep, path)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 
 from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK
-from spark_memsaver.validate.params import (GIB, HEADROOM_FRACTION, HOST_FRACTION, MIB, MIN_BUDGET, REPORT_PATH,
-                                            REPORT_PATH_ENV, SPAN_BYTES, ValidateUsage, check_args)
+from spark_memsaver.validate.params import (GIB, HEADROOM_FRACTION, HOST_FRACTION, MIB, MIN_BUDGET, SPAN_BYTES,
+                                            checked, report_targets)
 
 # The checks a run reports, in its order: the worker's data checks, the packing counters, the #1269 device
 # allocation in its own process, the kernel-log scan (tests/test_validate_dryrun.py pins them to the code).
@@ -24,25 +24,12 @@ CHECKS = ("device-memory", "managed-memory", "managed-prefetch", "holes-reuse", 
           "device-alloc-4gib", "kernel-log")
 
 
-def _mem_available(host) -> int | None:
-    for line in (host.read_text("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemAvailable:"):
-            try:
-                return int(line.split()[1]) * 1024
-            except (IndexError, ValueError):
-                return None
-    return None
-
-
 def plan(host, max_gib, duration, threads, report_path: str | None = None) -> dict:
     """The plan of ``validate`` with these options (raises ValidateUsage as the run does)."""
-    params = check_args(max_gib, duration, threads)
-    if not host.is_live:
-        raise ValidateUsage("validate drives the GPU of the running system: it cannot use --root",
-                            remedy="Run it without --root on the node to qualify.")
+    params = checked(host, max_gib, duration, threads)
     from spark_memsaver.validate.node import identity, uvm as _uvm
     from spark_memsaver.validate.cuda import Cuda, CudaUnavailable
-    from spark_memsaver.observe.snapshot import uvm_holders
+    from spark_memsaver.observe.snapshot import observe_memory, uvm_holders
     ident = identity(host)
     uvm = _uvm(host)
     others = [h for h in uvm_holders(host) if h["pid"] != os.getpid()]
@@ -51,8 +38,6 @@ def plan(host, max_gib, duration, threads, report_path: str | None = None) -> di
         not_applicable = None
     except CudaUnavailable as e:
         lib, not_applicable = None, f"no CUDA driver library: {e}"
-    state_path = os.environ.get(REPORT_PATH_ENV) or REPORT_PATH
-    reports = ([state_path] if os.geteuid() == 0 else []) + ([report_path] if report_path else [])
     packing = uvm.get("packing") if uvm.get("loaded") else None
     return {
         "dry_run": True,
@@ -69,9 +54,9 @@ def plan(host, max_gib, duration, threads, report_path: str | None = None) -> di
         "libcuda": lib,
         "budget_rule": {"max_bytes": params["max_bytes"], "fraction": HEADROOM_FRACTION,
                         "host_fraction": HOST_FRACTION, "min_budget": MIN_BUDGET, "span_bytes": SPAN_BYTES,
-                        "host_available_now": _mem_available(host)},
+                        "host_available_now": observe_memory(host, {})["available"]},
         "checks": [] if not_applicable else list(CHECKS),
-        "report_to": reports,
+        "report_to": report_targets(report_path),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK, EXIT_PROBLEM, MemsaverError, UsageError
 from spark_memsaver.host import paths
@@ -74,6 +75,21 @@ def check_args(max_gib, duration, threads) -> dict:
     return {"max_gib": max_gib, "max_bytes": int(max_gib * GIB),
             "duration": num("--duration", duration, *DURATION_RANGE),
             "threads": int(num("--threads", threads, *THREADS_RANGE, kind=int))}
+
+
+def checked(host, max_gib, duration, threads) -> dict:
+    """What a run and its dry run both refuse: the options (check_args) and a --root prefix."""
+    params = check_args(max_gib, duration, threads)
+    if not host.is_live:
+        raise ValidateUsage("validate drives the GPU of the running system: it cannot use --root",
+                            remedy="Run it without --root on the node to qualify.")
+    return params
+
+
+def report_targets(report_path: str | None) -> list[str]:
+    """Where a run's report goes: root's state file (status reads it), then --report."""
+    state_path = os.environ.get(REPORT_PATH_ENV) or REPORT_PATH
+    return ([state_path] if os.geteuid() == 0 else []) + ([report_path] if report_path else [])
 
 
 def plan_budget(max_bytes: int, gpu_free: int, gpu_total: int, *, integrated: bool = False,
