@@ -99,9 +99,21 @@ def test_an_unlisted_version_says_where_to_put_it(env):
 
 
 def test_the_shared_directory_holds_every_github_tag():
-    """The real ../shared/nvidia: every tag the tests parametrize over is listed and unpacks to itself."""
-    if set(nvsrc.GITHUB_VERSIONS) - set(nvsrc.shared_versions()):
+    """The real ../shared/nvidia: it holds every GitHub tag the manifest lists exactly, and every tree its SHA256SUMS
+    lists (the one list tests take their GitHub trees from) unpacks to itself."""
+    if not nvsrc.shared_versions():
         needs.absent(f"NVIDIA's kernel-open trees in {nvsrc.shared_dir()}",
                      "a checkout's ../shared/nvidia/ holds them (README.md there)")
-    for v in nvsrc.GITHUB_VERSIONS:
+    assert set(nvsrc.manifest_github_versions()) <= set(nvsrc.shared_versions())
+    for v in nvsrc.shared_versions():
         assert nvsrc.tree_version(nvsrc.nvidia_source(v)) == v
+
+
+def test_manifest_github_versions_are_the_manifests():
+    """What the manifest names exactly, less Debian's three: read from uvm_patch/manifest.yaml, not written here."""
+    from spark_memsaver.act import patch as up
+
+    listed = {v for e in up.load_manifest(Path(__file__).resolve().parents[1] / "uvm_patch").entries
+              for v in e.versions or ()}
+    assert set(nvsrc.manifest_github_versions()) == listed - set(nvsrc.DEBIAN_VERSIONS)
+    assert "580.142" in nvsrc.manifest_github_versions() and "550.163.01" not in nvsrc.manifest_github_versions()

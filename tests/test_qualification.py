@@ -6,6 +6,8 @@ which version), a drifted one is untested.
   files its branch's patch touches; uvm_patch/gen-hashes writes the committed text byte for byte).
 - The hashes are re-derived from the real trees: Debian's nvidia-open-kernel-dkms 535/550/555 and the GitHub tags
   (580/590/595, from the shared directory next to the checkout); CI reaches both, failing to get one fails there.
+- Every tree the shared directory's SHA256SUMS lists has a by-content case (BY_CONTENT: match, level, inherited
+  from, drifted files, #1269 hazard verdict); a listed tree without one fails.
 - Real trees relabelled as tests/support/driverdeb.py does (the version strings only): 580.142 as 580.178.04
   (the DGX Spark's driver) and Debian's 555.58.02 / 550.163.01 (always), each also with
   one byte of uvm_mmu.c changed.
@@ -28,6 +30,7 @@ import yaml
 
 from spark_memsaver.act import patch as up
 from spark_memsaver.act import steps as st
+from spark_memsaver.decide import hazards as hz
 from spark_memsaver.decide import qualification as qual
 from spark_memsaver.host import Host
 from tests.support import driverdeb, needs, nvsrc
@@ -284,23 +287,83 @@ def test_580_142_relabelled_580_178_04_inherits_nvidia_tests_by_content(tmp_path
     assert "UNTESTED" in _cli("check", "--source", str(tree)).stdout
 
 
-@pytest.mark.parametrize("tag, match, qualification, inherited_from, drifted", [
-    ("580.126.20", "range", "nvidia-tests", "580.142", []),             # = 580.142's bytes: the tested tree wins
-    ("580.94.06", "range", "compile-verified", "580.95.05", []),
-    ("580.82.09", "range", "untested", None, [MMU]),                    # uvm_mmu.c differs from every 580 tree
-    ("590.44.01", "content", "nvidia-tests", "590.48.01", []),          # no 590 range: unlisted, by content
-])
-def test_real_upstream_releases_by_content(tag, match, qualification, inherited_from, drifted):
-    """Real NVIDIA releases the manifest does not list exactly (GitHub tags; the shared directory holds 590.44.01,
-    the three other 580 tags only a session's git export: tests/support/nvsrc.py git-export)."""
-    if tag not in nvsrc.GITHUB_VERSIONS and not (nvsrc.cache_dir() / "nv" / tag / "kernel-open").is_dir():
-        needs.beyond_ci(f"NVIDIA {tag}", "not in the shared directory; export it from a clone of "
-                        f"open-gpu-kernel-modules: python3 tests/support/nvsrc.py git-export CLONE {tag}")
+#: Every NVIDIA tree the shared directory holds (tests/support/nvsrc.py: ../shared/nvidia/SHA256SUMS), what
+#: check_source says of it and NVIDIA#1269's verdict for it on aarch64 at 16 and 64 KiB pages (4 KiB: never
+#: affected). Computed once from the real trees, written down here, and re-checked against uvm_patch/manifest.yaml
+#: below: an exact match is listed, an inherited level is the level of a listed tree with the same hooked files,
+#: a drifted file differs from the nearest listed tree's.
+#: tag: (match, qualification, inherited_from, drifted, hazard at 16/64 KiB)
+BY_CONTENT = {
+    "580.82.09": ("range", "untested", None, [MMU], hz.NOT_AFFECTED),      # uvm_mmu.c differs from every 580 tree
+    "580.94.06": ("range", "compile-verified", "580.95.05", [], hz.NOT_AFFECTED),
+    "580.95.05": ("exact", "compile-verified", None, [], hz.NOT_AFFECTED),
+    "580.105.08": ("exact", "nvidia-tests", "580.142", [], hz.NOT_AFFECTED),   # = 580.142's bytes: raised
+    "580.126.09": ("range", "nvidia-tests", "580.142", [], hz.NOT_AFFECTED),   # DGX OS 7.4.0's driver
+    "580.126.20": ("range", "nvidia-tests", "580.142", [], hz.NOT_AFFECTED),
+    "580.142": ("exact", "nvidia-tests", None, [], hz.NOT_AFFECTED),
+    "590.44.01": ("content", "nvidia-tests", "590.48.01", [], hz.AFFECTED),   # no 590 range: unlisted, by content
+    "590.48.01": ("exact", "nvidia-tests", None, [], hz.AFFECTED),
+    "595.45.04": ("exact", "nvidia-tests", None, [], hz.AFFECTED),
+}
+
+
+def _h1269() -> hz.Hazard:
+    (h,) = [h for h in hz.load_hazards((REPO / "uvm_patch/hazards.yaml").read_text()) if h.reference.endswith("#1269")]
+    return h
+
+
+def test_every_shared_tree_has_a_by_content_case():
+    """A tree the shared directory lists (its SHA256SUMS: the one list of GitHub trees) and no case below covers
+    fails here: add its expectations to BY_CONTENT."""
+    shared = nvsrc.shared_versions()
+    if not shared:
+        needs.absent(f"NVIDIA's kernel-open trees in {nvsrc.shared_dir()}",
+                     "a checkout's ../shared/nvidia/ holds them (README.md there)")
+    assert sorted(set(shared) - set(BY_CONTENT)) == [], "shared trees without a by-content case"
+    assert set(nvsrc.manifest_github_versions()) <= set(BY_CONTENT)
+
+
+@pytest.mark.parametrize("tag", sorted(BY_CONTENT, key=qual._vkey))
+def test_real_upstream_releases_by_content(tag):
+    """Every real NVIDIA GitHub tree the shared directory holds, listed exactly or not: match, level, where the
+    level comes from, drifted files, a clean zero-fuzz dry run, and the #1269 hazard verdict by its nv-linux.h."""
+    match, qualification, inherited_from, drifted, hazard = BY_CONTENT[tag]
+    if tag not in nvsrc.shared_versions():
+        needs.absent(f"NVIDIA {tag} in {nvsrc.shared_dir()}/SHA256SUMS",
+                     "a checkout's ../shared/nvidia/ holds it (README.md there names tag and commit)")
     tree = _tree_or_skip(tag)
     r = up.check_source(tree, allow_untested=True)
     assert (r["version"], r["match"], r["qualification"], r["inherited_from"], r["drifted"]) == (
         tag, match, qualification, inherited_from, drifted)
     assert r["dry_run"] == "clean"
+    assert r["by"] == ("content" if inherited_from else "version")
+
+    # the expectations agree with uvm_patch/manifest.yaml
+    listed = [e for e in MANIFEST.entries if e.matches_exact(tag)]
+    ranged = [e for e in MANIFEST.entries if e.matches_range(tag)]
+    assert match == ("exact" if listed else "range" if ranged else "content")
+    hashes = up.tree_hashes(tree, MANIFEST.hooked_paths(r["branch"]))
+    if inherited_from:
+        src = dict(VERIFIED)[inherited_from]
+        assert (src.branch, src.qualification, src.hooked_files[inherited_from]) == (r["branch"], qualification,
+                                                                                   hashes)
+        assert r["verified_on"] == src.verified_on
+    elif not drifted:
+        assert listed and hashes == listed[0].hooked_files[tag] and LEVEL[tag] == qualification
+    else:
+        assert qualification == "untested" and r["verified_on"] == []
+        same = [v for v, e in VERIFIED if e.branch == r["branch"] and e.hooked_files[v] == hashes]
+        assert same == []                                          # no verified tree of the branch has its bytes
+        ref = dict(VERIFIED)[r["compared_with"]].hooked_files[r["compared_with"]]
+        assert sorted(p for p in ref if ref[p] != hashes[p]) == drifted
+
+    # the hazard verdict by the tree's own nv-linux.h, as the version range says
+    text = (tree / "common/inc/nv-linux.h").read_text()
+    h = _h1269()
+    for ps, want, by in ((4096, hz.NOT_AFFECTED, "platform"), (16384, hazard, "content"), (65536, hazard, "content")):
+        a = hz.assess(h, driver_version=tag, arch="aarch64", page_size=ps, nv_linux_h_text=text)
+        assert (a.state, a.decided_by) == (want, by), (ps, a.reason)
+        assert hz.assess(h, driver_version=tag, arch="aarch64", page_size=ps, nv_linux_h_text=None).state == want
 
 
 def test_unlisted_version_with_identical_hooked_files_is_accepted_by_content(tmp_path):

@@ -25,9 +25,9 @@ from tests.support import nvsrc
 
 REPO = Path(__file__).resolve().parent.parent
 DEBIAN = sorted(nvsrc.DEBIAN_VERSIONS)
-# the GitHub tags the manifest lists exactly (590.44.01 is qualified by content: tests/test_qualification.py)
-GITHUB = [v for v in nvsrc.GITHUB_VERSIONS
-          if any(v in e.versions for e in up.load_manifest(REPO / "uvm_patch").entries)]
+# the GitHub tags the manifest lists exactly (the shared directory's others are qualified by content:
+# tests/test_qualification.py); nvsrc takes them from the shared directory's SHA256SUMS
+GITHUB = nvsrc.manifest_github_versions()
 
 
 def _tree_or_skip(version: str) -> Path:

@@ -16,8 +16,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-#: NVIDIA's GitHub tags the shared directory holds (README.md there: tags and commits); not in Debian's archive.
-GITHUB_VERSIONS = ("580.95.05", "580.105.08", "580.142", "590.44.01", "590.48.01", "595.45.04")
 SHARED_ENV = "SPARK_MEMSAVER_NV_SHARED"
 
 
@@ -44,7 +42,8 @@ def _shared_sums() -> dict[str, str]:
 
 
 def shared_versions() -> list[str]:
-    """The versions the shared directory's SHA256SUMS lists (sorted numerically; [] when it is absent)."""
+    """The versions the shared directory's SHA256SUMS lists (sorted numerically; [] when it is absent): the one list
+    of NVIDIA GitHub trees a test can have (README.md there names each tag's commit)."""
     return sorted(_shared_sums(), key=lambda v: tuple(int(x) for x in v.split(".")))
 
 

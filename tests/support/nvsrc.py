@@ -15,7 +15,7 @@ input cannot be produced here, which tests may turn into a skip only where CI ca
     (= upstream ``kernel-open/`` layout: ``Kbuild``, ``Makefile``, ``conftest.sh``, ``common/``,
     ``nvidia/``, ``nvidia-uvm/`` ...). Debian versions (:data:`DEBIAN_VERSIONS`: 535.261.03,
     550.163.01, 555.58.02) are downloaded from ``nvidia-open-kernel-dkms`` (contrib). NVIDIA's
-    GitHub tags (:data:`GITHUB_VERSIONS`: the r580-r595 trees DGX Spark nodes run) come from the shared
+    GitHub tags (the r580-r595 trees DGX Spark nodes run; which ones: :func:`shared_versions`) come from the shared
     directory ``../shared/nvidia/`` next to the checkout (``$SPARK_MEMSAVER_NV_SHARED`` overrides it):
     ``kernel-open-<version>.tar.xz`` is checked against that directory's ``SHA256SUMS`` and unpacked into
     ``<cache>/nv/<version>/kernel-open``. A tree already there (also one put there with
@@ -23,7 +23,12 @@ input cannot be produced here, which tests may turn into a skip only where CI ca
     Treat the returned tree as read-only: copy it before building or patching.
 
 ``shared_dir() -> Path``, ``shared_versions() -> list[str]``
-    The shared directory and the versions its ``SHA256SUMS`` lists (empty when it is absent).
+    The shared directory and the versions its ``SHA256SUMS`` lists (empty when it is absent): the one list of
+    the GitHub trees tests can have.
+
+``manifest_github_versions() -> list[str]``
+    The versions ``uvm_patch/manifest.yaml`` lists exactly that Debian's archive does not ship: the GitHub trees
+    the shared directory must hold (tests/test_nvsrc.py).
 
 ``x86_headers() -> (kernel_release, Path)``
     Debian's ``linux-headers-amd64`` (installed with apt-get if missing, root only); the path is
@@ -55,14 +60,14 @@ from pathlib import Path
 
 try:
     from . import cache, nvshared
-    from .nvshared import GITHUB_VERSIONS, shared_dir, shared_versions, tree_version
+    from .nvshared import shared_dir, shared_versions, tree_version
 except ImportError:  # run as a script: python3 tests/support/<name>.py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import cache  # type: ignore
     import nvshared  # type: ignore
-    from nvshared import GITHUB_VERSIONS, shared_dir, shared_versions, tree_version  # type: ignore
+    from nvshared import shared_dir, shared_versions, tree_version  # type: ignore
 
-__all__ = ["SourceUnavailable", "DEBIAN_VERSIONS", "GITHUB_VERSIONS", "cache_dir", "debian_mirror",
+__all__ = ["SourceUnavailable", "DEBIAN_VERSIONS", "cache_dir", "debian_mirror", "manifest_github_versions",
            "nvidia_source", "shared_dir", "shared_versions", "tree_version", "x86_headers", "arm64_64k_tree", "export_git_tag"]
 
 #: NVIDIA versions Debian ships as nvidia-open-kernel-dkms (contrib) and the suite to find them in.
@@ -74,6 +79,16 @@ DEBIAN_VERSIONS = {
 NVIDIA_SUITES = ("bookworm", "trixie", "sid", "experimental")
 ARM64_CROSS = "aarch64-linux-gnu-"
 _READY = ".ready"
+
+
+def manifest_github_versions() -> list[str]:
+    """The versions uvm_patch/manifest.yaml lists exactly that are not Debian's (:data:`DEBIAN_VERSIONS`): NVIDIA's
+    GitHub tags, which only the shared directory provides (sorted numerically)."""
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "uvm_patch" / "manifest.yaml").read_text())
+    listed = {v for d in doc["drivers"] for v in d.get("versions") or ()}
+    return sorted(listed - set(DEBIAN_VERSIONS), key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 class SourceUnavailable(RuntimeError):
