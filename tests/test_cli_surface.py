@@ -17,7 +17,7 @@ import pytest
 
 from spark_memsaver.cli import examples
 from tests.support import sparkroot
-from tests.support.cliparse import parse, split
+from tests.support.cliparse import parse, parse_with_globals, split
 from tests.test_docs_vs_code import gen_docs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,6 +102,36 @@ def test_help_ends_with_runnable_examples(path):
         got, _ = parse(ln)
         assert got == path, (ln, got)
         assert sudo == (path in MUTATING), f"{ln}: sudo {'missing' if not sudo else 'not needed'}"
+
+
+@pytest.mark.parametrize("path", sorted(LEAVES))
+def test_global_options_after_every_command(path):
+    """'spark-memsaver status --root X' failed with "No such option '--root'": the root group's options are taken
+    after the command too (its first example with them appended), with the same effect as before it."""
+    import shlex
+    sudo, argv = split(examples.EXAMPLES[path][0])
+    n = 1 + len(path.split())
+    argv = argv[:n] + ["--root", "/srv/img", "--config", "/srv/c.yaml", "--debug"] + argv[n:]
+    got, _, top = parse_with_globals(" ".join(["sudo"] * sudo + [shlex.quote(a) for a in argv]))
+    assert got == path
+    assert (top["root"], top["config_path"], top["debug"]) == ("/srv/img", "/srv/c.yaml", True)
+    _, _, top = parse_with_globals(examples.EXAMPLES[path][0])          # none given: the defaults
+    assert (top["root"], top["debug"]) == ("/", False)
+
+
+def test_status_root_after_the_command_reads_that_root(tmp_path):
+    root = tmp_path / "root"
+    sparkroot.make_spark_root(root)
+    before = cli("--root", str(root), "status", "--json")
+    after = cli("status", "--root", str(root), "--json")
+    assert after.returncode == before.returncode and "No such option" not in after.stderr, after.stderr
+    a, b = json.loads(after.stdout), json.loads(before.stdout)
+    assert a["host"]["kernel"] == b["host"]["kernel"] == sparkroot.SPARK_KERNEL
+    assert a["state"] == b["state"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tier: 256\n")
+    shown = cli("config", "show", "--config", str(cfg), "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["tier"] == "256", shown.stdout + shown.stderr
 
 
 @pytest.mark.parametrize("path", sorted(DRY_RUN))

@@ -392,6 +392,22 @@ def test_unlisted_version_with_identical_hooked_files_is_accepted_by_content(tmp
     assert (r["match"], r["qualification"], r["drifted"]) == ("nearest", "untested", [MMU])
 
 
+def test_patch_check_reads_the_source_under_root(tmp_path):
+    """`patch check --source /usr/src/nvidia-X` with --root (before or after the command) reads the tree of the
+    system under the root: it read the host's /usr/src, where that tree is not."""
+    root = tmp_path / "root"
+    _relabelled("550.163.01", "550.163.02", root / "usr/src/nvidia-550.163.02")
+    assert not Path("/usr/src/nvidia-550.163.02").exists()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    for argv in (["--root", str(root), "patch", "check"], ["patch", "check", "--root", str(root)]):
+        p = subprocess.run([sys.executable, "-m", "spark_memsaver", *argv, "--source", "/usr/src/nvidia-550.163.02",
+                            "--json"], capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        r = json.loads(p.stdout)
+        assert (r["source"], r["version"], r["inherited_from"]) == ("/usr/src/nvidia-550.163.02", "550.163.02",
+                                                                    "550.163.01")
+
+
 def test_listed_version_with_changed_content_is_not_compile_verified(tmp_path):
     """A tree labelled 550.163.01 (an exact compile-verified entry) whose uvm_mmu.h differs is not what was
     compiled: untested, by content, drifted names the file (the dry run still decides)."""

@@ -23,6 +23,12 @@ def split(command: str) -> tuple[bool, list[str]]:
 
 def parse(command: str):
     """(command path, params) of a `spark-memsaver ...` line (sudo allowed)."""
+    path, params, _ = parse_with_globals(command)
+    return path, params
+
+
+def parse_with_globals(command: str):
+    """(command path, params, the root group's params: --root, --config, --debug, wherever they were given)."""
     import click
     from spark_memsaver.cli.main import cli
     _, argv = split(command)
@@ -40,4 +46,4 @@ def parse(command: str):
         path.append(name)
         ctx = sub.make_context(name, args, parent=ctx)
         cmd = sub
-    return " ".join(path), dict(ctx.params)
+    return " ".join(path), dict(ctx.params), dict(ctx.find_root().params)

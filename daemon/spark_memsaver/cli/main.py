@@ -65,6 +65,42 @@ def _stdout_gone() -> int:
     return 0
 
 
+def _set_global(ctx, param, value):
+    """A global option given after the command ('status --root X'): as if given before it."""
+    if value is None or value is False:
+        return
+    root_ctx = ctx.find_root()
+    key = {"config": "config_path"}.get(param.name, param.name)
+    root_ctx.params[key] = value
+    obj = ctx.find_object(Context)
+    if obj is not None:                     # the root group's callback ran (it runs before a command's parsing)
+        setattr(obj, key, value)
+        obj._config = obj._host = None
+        if param.name == "debug":
+            logging.getLogger().setLevel(logging.DEBUG)
+
+
+def _global_options() -> list:
+    """--root, --config and --debug of the root group, accepted after each command too (hidden in its help)."""
+    return [click.Option(["--root"], default=None, type=click.Path(file_okay=False), metavar="DIR", hidden=True,
+                         expose_value=False, callback=_set_global, help="As before the command."),
+            click.Option(["--config", "config"], default=None, metavar="FILE", hidden=True, expose_value=False,
+                         callback=_set_global, help="As before the command."),
+            click.Option(["--debug"], is_flag=True, default=False, hidden=True, expose_value=False,
+                         callback=_set_global, help="As before the command.")]
+
+
+def _accept_global_options(cmd) -> None:
+    if cmd is None or getattr(cmd, "_globals_added", False):
+        return
+    have = {o for p in cmd.params for o in getattr(p, "opts", ())}
+    cmd.params.extend(o for o in _global_options() if not set(o.opts) & have)
+    cmd._globals_added = True
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _accept_global_options(sub)
+
+
 class SafeGroup(click.Group):
     """Named errors become messages and exit codes; nothing reaches the user as a traceback."""
 
@@ -77,6 +113,7 @@ class SafeGroup(click.Group):
             importlib.import_module(f"spark_memsaver.cli.{LAZY_COMMANDS[name]}").register(self)
         from spark_memsaver.cli.examples import attach
         attach(self.commands.get(name), name)       # each --help ends with its examples
+        _accept_global_options(self.commands.get(name))   # 'status --root X' as 'spark-memsaver --root X status'
         return self.commands.get(name)
 
     def format_epilog(self, ctx, formatter):

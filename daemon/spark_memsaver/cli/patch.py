@@ -49,14 +49,20 @@ def apply_cmd(source, dest, tier_default, allow_untested, slim, as_json):
 
 @patch_group.command("check")
 @click.option("--source", "source", required=True, type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="NVIDIA open kernel-module tree to check (e.g. /usr/src/nvidia-580.142).")
+              help="NVIDIA open kernel-module tree to check (e.g. /usr/src/nvidia-580.142; an absolute path is "
+                   "read under --root).")
 @click.option("--allow-untested", is_flag=True,
               help="Check the nearest branch's patch against a version the manifest does not list.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_cmd(source, allow_untested, as_json):
+@click.pass_obj
+def check_cmd(obj, source, allow_untested, as_json):
     """Dry run: read the version, select the patch and check it applies with zero fuzz (writes nothing)."""
+    typed = source
+    if obj is not None and source.is_absolute():
+        source = obj.host.path(source)        # the system under --root (itself when --root is /)
     r = check_source(source, allow_untested=allow_untested)
     r.pop("_selection", None)
+    r["source"] = str(typed)
     _print(r, as_json, [f"NVIDIA {r['version']}: {r['branch']} patch ({r['match']} match, "
                         f"{_qualified(r)}) applies cleanly"] + _test_lines(r) + _drift_lines(r))
     return 0
