@@ -208,3 +208,21 @@ def test_secure_boot_state_table_remedies_run_as_written():
     cmds = [c for row in rows for c in re.findall(r"`([^`]+)`", row[-1])
             if remedy._COMMAND_START.match(c)]
     assert len(cmds) >= 3 and [p for c in cmds for p in check_command(c)] == [], cmds
+
+
+def test_metric_types_are_the_expositions():
+    """monitoring/README.md's type column is the exposition's # TYPE of each family, every family is listed, and
+    the Prometheus naming rule holds: a name ending in _total is a counter and a counter's name ends in _total
+    (spark_memsaver_rollbacks_total, typed counter, counted the rollback records kept now, which go down)."""
+    from spark_memsaver.report.metrics import exposition
+    sample = {"backing_bytes": 1, "stock_bytes": 2, "mem_total": 3, "mem_available": 4, "saved_bytes": 1,
+              "packing_active": True}
+    text = exposition({"state": "active", "records": {"rollbacks": [{}]}}, sample_time=1, sample=sample)
+    code = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    table = (REPO / "monitoring/README.md").read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    said = dict(re.findall(r"^\| `(spark_memsaver_\w+)` \| (\w+) \|", table, re.M))
+    assert said == {n: t for n, t in code.items() if n in said}, "the README's types are not the code's"
+    assert set(code) - set(said) <= {"spark_memsaver_pagetable_backing_bytes", "spark_memsaver_pagetable_stock_bytes",
+                                     "spark_memsaver_memory_total_bytes", "spark_memsaver_memory_available_bytes"}
+    for name, typ in {**code, **said}.items():
+        assert name.endswith("_total") == (typ == "counter"), (name, typ)

@@ -86,10 +86,29 @@ def test_labels_are_escaped_and_pending_since_parsed():
     check_exposition(text)
     s = parse_exposition(text)
     assert one(s, "spark_memsaver_mok_pending_since_seconds") == calendar.timegm((2026, 11, 30, 10, 0, 0))
-    assert one(s, "spark_memsaver_rollbacks_total") == 2.0
+    assert one(s, "spark_memsaver_rollback_records") == 2.0
     assert one(s, "spark_memsaver_findings", severity="warning") == 2.0
     assert one(s, "spark_memsaver_last_sample_timestamp_seconds") == calendar.timegm((2026, 12, 1, 0, 0, 0))
     assert 'kernel="k\\"\\\\\\n1"' in text
+
+
+def test_no_series_that_goes_down_is_typed_counter():
+    """spark_memsaver_rollbacks_total was typed counter, yet it counted the rollback records kept now, which go
+    down when a rollback is undone (a counter never does: rate() would read a reset). The number of records is a
+    gauge named for what it counts; every counter family keeps its value when the records go from 2 to 1."""
+    import re
+
+    def text(n):
+        return exposition({"version": "0.2.0", "state": "rolled-back", "host": {"kernel": "k", "page_size": 65536},
+                           "records": {"rollbacks": [{"kernel": f"k{i}"} for i in range(n)]}}, sample_time=1)
+    before, after = text(2), text(1)
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", before, re.M))
+    s2, s1 = parse_exposition(before), parse_exposition(after)
+    for name, typ in types.items():
+        if typ == "counter":
+            assert [v for _, v in s1[name]] >= [v for _, v in s2[name]], f"{name}: a counter that went down"
+    assert types["spark_memsaver_rollback_records"] == "gauge"
+    assert (one(s2, "spark_memsaver_rollback_records"), one(s1, "spark_memsaver_rollback_records")) == (2.0, 1.0)
 
 
 def test_counters_format_2_and_format_1_speak_one_vocabulary():

@@ -177,7 +177,8 @@ def test_metrics_exposition_is_exactly_the_documented_one():
                   *(f'{{state="{s}"}} {int(s == "pending-enroll")}' for s in SECURE_BOOT_STATES))
         + _family("mok_pending_since_seconds", "gauge",
                   "Unix time the pending MOK enrollment was requested; 0 if none.", " 1796119200")
-        + _family("rollbacks_total", "counter", "Rollbacks to the stock nvidia-uvm on record.", " 2")
+        + _family("rollback_records", "gauge", "Rollback records kept now (kernels rolled back to the stock nvidia-uvm; "
+                  "goes down when one is undone): a count of records, not of rollbacks ever.", " 2")
         + _family("held", "gauge", "1 when the administrator's rollback/remove holds the running kernel on stock "
                   "(until `spark-memsaver install`), by origin; else 0.", '{by="rollback"} 0', '{by="remove"} 1')
         + _family("held_since_seconds", "gauge", "Unix time the running kernel's hold was recorded; 0 if none.",
@@ -220,7 +221,7 @@ def test_metrics_without_a_sample_read_the_document():
     text = exposition(doc, sample_time=1)
     assert "spark_memsaver_held_since_seconds 0\n" in text and 'spark_memsaver_held{by="remove"} 0' in text
     assert "spark_memsaver_mok_pending_since_seconds 0\n" in text
-    assert "spark_memsaver_rollbacks_total 0\n" in text and "spark_memsaver_last_sample_timestamp_seconds 1.0\n" in text
+    assert "spark_memsaver_rollback_records 0\n" in text and "spark_memsaver_last_sample_timestamp_seconds 1.0\n" in text
     assert 'version="a\\"b\\\\c\\nde"' in text
     assert f'spark_memsaver_saved_bytes{{driver="580.142",kernel="6.14.0-1015-nvidia-64k",tier="leaf"}} 0' in text
     # a document without kernel or state: empty label values, never a made-up one; the sample's time in ms

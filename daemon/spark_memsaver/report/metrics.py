@@ -106,7 +106,8 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
     metric("mok_pending_since_seconds", "gauge", "Unix time the pending MOK enrollment was requested; 0 if none.",
            [({}, pending_since)])
     rollbacks = records.get("rollbacks") if isinstance(records.get("rollbacks"), list) else []
-    metric("rollbacks_total", "counter", "Rollbacks to the stock nvidia-uvm on record.", [({}, len(rollbacks))])
+    metric("rollback_records", "gauge", "Rollback records kept now (kernels rolled back to the stock nvidia-uvm; "
+           "goes down when one is undone): a count of records, not of rollbacks ever.", [({}, len(rollbacks))])
     hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
     metric("held", "gauge", "1 when the administrator's rollback/remove holds the running kernel on stock "
            "(until `spark-memsaver install`), by origin; else 0.",
