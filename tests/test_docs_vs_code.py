@@ -226,3 +226,114 @@ def test_metric_types_are_the_expositions():
                                      "spark_memsaver_memory_total_bytes", "spark_memsaver_memory_available_bytes"}
     for name, typ in {**code, **said}.items():
         assert name.endswith("_total") == (typ == "counter"), (name, typ)
+
+
+def _man_section(name: str) -> str:
+    return plain_lines(MAN).split(f"\n.SH {name}\n", 1)[1].split("\n.SH ", 1)[0]
+
+
+def test_man_files_are_the_codes_locations():
+    """FILES said build logs are in /var/cache/spark-memsaver/ while the code writes /var/lib/spark-memsaver/logs:
+    each of the package's own locations the man page names is one of host/paths.py's, said as paths.DOCUMENTED
+    says (tools/gen-docs writes them), and build logs are where act/build.py writes them."""
+    from spark_memsaver.act import dkms_run
+    from spark_memsaver.host import paths
+    text = _man_section("FILES")
+    entries = {}
+    for block in text.split("\n.TP\n")[1:]:
+        head, _, body = block.partition("\n")
+        entries[re.sub(r"^\.I\s+", "", head).split(" ", 1)[0]] = body.replace("\n", " ")
+    ours = {p: t for p, t in entries.items()
+            if p.startswith(tuple(d.rstrip("/") for d in (paths.STATE_DIR, paths.CACHE_DIR, paths.RUN_DIR,
+                                                          os.path.dirname(paths.CONFIG_FILE))))}
+    documented = {p: plain(gen_docs().roff(t)).replace("\n", " ") for p, t in paths.DOCUMENTED}
+    assert set(ours) - {"/etc/spark-memsaver/no-hooks"} == set(documented)
+    for p, t in documented.items():
+        assert ours[p].startswith(t.split(" (")[0]), (p, ours[p])
+    logs = [p for p, t in entries.items() if re.search(r"\bbuild logs?\b", t, re.I)]
+    assert logs == [paths.LOG_DIR + "/"] and dkms_run.LOG_DIR == paths.LOG_DIR
+    assert "guard.log" in entries[paths.RUN_DIR + "/"] and paths.GUARD_LOG.startswith(paths.RUN_DIR + "/")
+
+
+def test_man_examples_run_as_written():
+    """EXAMPLES said `spark-memsaver install --all`: each line parses with the CLI's parser and carries sudo exactly
+    where the command needs root (remedy.needs_root, what every remedy and --help example follows)."""
+    from spark_memsaver import remedy
+    from tests.support.cliparse import parse, split
+    block = _man_section("EXAMPLES").split(".nf\n", 1)[1].split("\n.fi", 1)[0]
+    lines = [ln.split("#", 1)[0].strip() for ln in block.splitlines() if ln.strip()]
+    assert len(lines) >= 4 and any(ln.startswith("sudo ") for ln in lines)
+    for line in lines:
+        sudo, argv = split(line)
+        parse(line)
+        assert sudo == remedy.needs_root(" ".join(argv)), line
+
+
+def test_history_limits_say_what_each_bounds():
+    """history_size was "samples the daemon keeps" while the on-disk history is kept 7 days whatever it says: its
+    meaning (README, the man page, config.yaml's comment) names what it bounds (the daemon's in-memory ring, what
+    D-Bus GetHistory reads) and the on-disk retention, which the code bounds by time alone."""
+    from spark_memsaver.config import Config
+    from spark_memsaver.service import history
+    days = history.RETENTION_S // 86400
+    meaning = config_keys.MEANING["history_size"]
+    assert "memory" in meaning and "GetHistory" in meaning, meaning
+    assert f"kept {days} days" in meaning and "spark-memsaver history" in meaning, meaning
+    shipped = (REPO / "systemd/config.yaml").read_text().split("# history_size:", 1)[1].split("\n#\n", 1)[0]
+    assert "memory" in shipped and f"kept {days} days" in shipped, shipped
+    assert f"{days} days" in _man_section("COMMANDS").split("history", 1)[1].split(".TP", 1)[0]
+    # what the words claim: the ring is history_size long; the files are bounded by RETENTION_S, not by it
+    interval = Config().interval
+    assert history.capacity(interval) == history.RETENTION_S // interval != Config().history_size
+
+
+DOC = "/usr/share/doc/spark-memsaver"
+
+
+def _help(*args) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    return subprocess.run([sys.executable, "-m", "spark_memsaver", *args, "--help"], capture_output=True, text=True,
+                          env=env).stdout
+
+
+def package_doc_paths() -> dict[str, set[str]]:
+    """Every /usr/share/doc/spark-memsaver/... path the README, the man page and `metrics --help` name."""
+    texts = {"README.md": README, "spark-memsaver(8)": plain(MAN).replace("\n", " "),
+             "metrics --help": _help("metrics"), "config.yaml": (REPO / "systemd/config.yaml").read_text()}
+    return {name: set(re.findall(re.escape(DOC) + r"/[\w./-]*[\w/]", t)) for name, t in texts.items()}
+
+
+def installed_files(tmp_path: Path) -> set[str]:
+    """The files packaging/debian/install-files puts into the package (as debian/rules runs it), absolute."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in REPO.iterdir():
+        if p.name not in ("debian", ".git"):
+            (src / p.name).symlink_to(p)
+    (src / "debian").mkdir()
+    r = subprocess.run([sys.executable, str(REPO / "packaging/debian/install-files"), "debian/spark-memsaver",
+                        str(REPO / "packaging/debian/spark-memsaver.files")], cwd=src, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pkg = src / "debian/spark-memsaver"
+    return {"/" + str(p.relative_to(pkg)) for p in pkg.rglob("*") if p.is_file()}
+
+
+def test_examples_the_docs_point_at_are_in_the_package(tmp_path):
+    """The man page, the README and `metrics --help` sent a node's administrator to monitoring/README.md and
+    ansible/, which the .deb did not ship: they are shipped under /usr/share/doc/spark-memsaver/examples/, and
+    every path there the documents name is a file the package installs (or a folder holding some)."""
+    files = installed_files(tmp_path)
+    for want in ("monitoring/README.md", "monitoring/alerts.yml", "monitoring/grafana-dashboard.json",
+                 "ansible/README.md", "ansible/install.yml", "ansible/roles/spark_memsaver/tasks/main.yml"):
+        assert f"{DOC}/examples/{want}" in files, want
+    named = package_doc_paths()
+    assert all(named.values()), named
+    for where, found in named.items():
+        for p in found:
+            assert p in files or any(f.startswith(p.rstrip("/") + "/") for f in files), (where, p)
+    # on a node (the man page, --help, the config file) no bare monitoring/ or ansible/ is left to look for
+    for where, text in (("spark-memsaver(8)", plain(MAN)), ("metrics --help", _help("metrics")),
+                        ("config.yaml", (REPO / "systemd/config.yaml").read_text())):
+        flat = re.sub(r"\s+", " ", text)
+        bare = re.findall(r"(?<![\w/.-])(?:monitoring|ansible)/README\.md", flat)
+        assert bare == [], (where, bare)

@@ -27,7 +27,9 @@ MEANING = {
     "signing_cert": "absolute path of the module-signing certificate; null means DKMS's configured certificate",
     "auto_build": "build automatically when a supported driver appears (daemon, package installation, hooks); "
                   "`false`: the hooks only keep the node safe, they never build",
-    "history_size": "samples the daemon keeps (10-100000)",
+    "history_size": "samples the daemon holds in memory for D-Bus `GetHistory`/`GetHistorySince` (10-100000); the "
+                    "on-disk history `spark-memsaver history` reads (`/var/lib/spark-memsaver/history`) is kept 7 "
+                    "days at the interval, whatever this says",
     "source_fetch": "driver source missing (precompiled modules): `auto` downloads exactly that version with "
                     "`apt-get download` into `/var/cache/spark-memsaver/sources` (SHA256 from APT's lists, nothing "
                     "installed, only installed drivers' sources kept); `never`: `status` names the exact "

@@ -11,7 +11,11 @@ def register(cli) -> None:
                   help="Write the text atomically to this file (e.g. a node_exporter textfile) instead of stdout.")
     @click.pass_obj
     def metrics_cmd(obj, output):
-        """Print the Prometheus exposition of this node's status (names: monitoring/README.md).
+        """Print the Prometheus exposition of this node's status.
+
+        \b
+        The series (README.md), alert rules and a Grafana dashboard:
+          /usr/share/doc/spark-memsaver/examples/monitoring/
 
         For cron or node_exporter's textfile collector; spark-memsaverd writes the same text to
         /var/lib/prometheus/node-exporter/spark-memsaver.prom by itself when that directory exists.

@@ -24,7 +24,25 @@ SIGNING_RECORD = f"{STATE_DIR}/signing.json"
 SIGNED_LOG = f"{STATE_DIR}/signed.json"
 MOK_REQUEST = f"{STATE_DIR}/mok-request.json"
 VALIDATE_REPORT = f"{STATE_DIR}/validate-last.json"
+GUARD_LOG = f"{RUN_DIR}/guard.log"        # the load-time guard's log, this boot only (observe/guardlog.py reads it)
 LOCK_NAMES = ("lifecycle", "validate")
+
+#: spark-memsaver(8)'s FILES entries for the locations above (tools/gen-docs writes that part of the section from
+#: here; tests/test_docs_vs_code.py checks every such path the man page names is one of these): path, what is there.
+DOCUMENTED = (
+    (CONFIG_FILE, "Configuration (a conffile)."),
+    (f"{STATE_DIR}/", "State: intent and recovery records (`intents/`), rollback records (`rollbacks/`), build records "
+                      "(`builds/`), the administrator's holds (`holds/`), the stock modules' records (`dkms/`), the "
+                      "signing and MOK records."),
+    (f"{LOG_DIR}/", "Build logs: DKMS's make.log of each build, as `dkms-build-VERSION-KERNEL.log`."),
+    (f"{SAMPLES_DIR}/", "The monitoring samples `spark-memsaver history` reads (kept 7 days at the configured "
+                        "interval, whatever `history_size` says)."),
+    (EVENTS, "The lifecycle event log `spark-memsaver events` reads."),
+    (f"{CACHE_DIR}/", "Caches: NVIDIA driver sources fetched for precompiled drivers (`sources/`), a fetch deferred "
+                      "past APT, parsed patch data."),
+    (f"{RUN_DIR}/", "Runtime files (root only): the load-time guard's log of this boot (`guard.log`), the lifecycle "
+                    "and validate locks."),
+)
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 

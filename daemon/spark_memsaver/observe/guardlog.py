@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 
-GUARD_LOG = "/run/spark-memsaver/guard.log"
+from spark_memsaver.host import paths
+
+GUARD_LOG = paths.GUARD_LOG
 _LINE = re.compile(r"^(?P<time>\S+) kernel=(?P<kernel>\S+) ours-load-failed: the kernel refused our nvidia-uvm "
                    r"(?P<path>\S+): (?P<reason>.*) \[(?P<cause>[a-z-]+)\]$")
 MAX_BYTES = 1 << 20

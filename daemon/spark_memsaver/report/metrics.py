@@ -1,7 +1,8 @@
 """Report: the Prometheus text exposition of a status document (pure: document in, text out).
 
-The metric names, labels and meanings are specified in monitoring/README.md; the alert rules and the Grafana
-dashboard there use exactly these. Every series is always present: a state that does not hold is 0, never
+The metric names, labels and meanings are specified in monitoring/README.md (installed as
+/usr/share/doc/spark-memsaver/examples/monitoring/README.md); the alert rules and the Grafana dashboard there use
+exactly these. Every series is always present: a state that does not hold is 0, never
 missing, so a series does not vanish when a node changes state.
 
 Used by ``spark-memsaver metrics`` (for cron or a node_exporter textfile) and by the daemon, which writes the
