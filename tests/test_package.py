@@ -105,6 +105,14 @@ def test_deb_fields_and_contents(deb):
         if len(parts) >= 2 and parts[1] != "DEBIAN/triggers":
             assert parts[1] in files, f"LIFECYCLE-FILES: {parts[1]} is not in the package"
     assert not any("/daemon/" in f or f.startswith("/usr/lib/python3/dist-packages/daemon") for f in files)
+    # the examples the man page, README and `metrics --help` point at are shipped there, uncompressed
+    from tests.test_docs_vs_code import package_doc_paths
+    for where, named in package_doc_paths().items():
+        for p in named:
+            assert p in files or any(f.startswith(p.rstrip("/") + "/") for f in files), (where, p)
+    for want in ("monitoring/README.md", "monitoring/alerts.yml", "monitoring/grafana-dashboard.json",
+                 "ansible/README.md", "ansible/roles/spark_memsaver/tasks/main.yml"):
+        assert f"/usr/share/doc/spark-memsaver/examples/{want}" in files, want
     ctrl = subprocess.run(["dpkg-deb", "-I", str(deb), "conffiles"], capture_output=True, text=True).stdout
     assert "/etc/spark-memsaver/config.yaml" in ctrl.split()
 
