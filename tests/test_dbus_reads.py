@@ -10,14 +10,13 @@ ring (0.66 s and 29 MB at history_size 100000).
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import subprocess
 import time
 
 import pytest
 
-from spark_memsaver import config as cfg
+from spark_memsaver import config as cfg, record
 from spark_memsaver.host import Host
 from spark_memsaver.service import auth, names
 from spark_memsaver.service.monitor import Monitor, pack
@@ -81,7 +80,7 @@ def test_get_history_since_over_the_bus(daemon, bus):  # noqa: F811
 def test_history_replies_are_bounded_whatever_history_size(tmp_path, spark):  # noqa: F811
     from spark_memsaver.service import dbus_service as ds
     from spark_memsaver.service.daemon import Daemon as Core
-    c = dataclasses.replace(cfg.load(None, root=str(spark)), history_size=100_000)
+    c = record.replace(cfg.load(None, root=str(spark)), history_size=100_000)
     core = Core(root=str(spark))
     core.monitor = Monitor(Host(str(spark)), c, on_sample=lambda s: None, on_module_event=lambda a, b: None,
                            on_paths_changed=lambda p: None)

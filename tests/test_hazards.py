@@ -19,6 +19,7 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
+from spark_memsaver import record
 from spark_memsaver.decide import hazards as hz
 from tests.support import needs, nvsrc
 
@@ -178,11 +179,10 @@ def test_content_overrides_the_version_label(h1269):
 
 def test_the_signature_data_decides(h1269):
     # The table, not the code, holds the requirement: at 64 KiB alignment a 595 tree passes at 64 KiB pages.
-    import dataclasses
-    h = dataclasses.replace(h1269, signature=dataclasses.replace(h1269.signature, alignment=64 << 10))
+    h = record.replace(h1269, signature=record.replace(h1269.signature, alignment=64 << 10))
     a = hz.assess(h, driver_version="595.45.04", arch="aarch64", page_size=K64, nv_linux_h_text=excerpt("595.45.04"))
     assert a.state == hz.NOT_AFFECTED
-    h = dataclasses.replace(h1269, affected_min=(596, 0))
+    h = record.replace(h1269, affected_min=(596, 0))
     assert hz.assess(h, driver_version="595.45.04", arch="aarch64", page_size=K64,
                      nv_linux_h_text=None).state == hz.NOT_AFFECTED
 

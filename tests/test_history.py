@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_memsaver import config as cfg
+from spark_memsaver import config as cfg, record
 from spark_memsaver.host import Host
 from spark_memsaver.service import history as hist
 from spark_memsaver.service.monitor import Monitor
@@ -30,8 +30,7 @@ def cli(*args):
 
 
 def monitor(root, interval=60):
-    import dataclasses
-    c = dataclasses.replace(cfg.load(None, root=str(root)), interval=interval)
+    c = record.replace(cfg.load(None, root=str(root)), interval=interval)
     return Monitor(Host(str(root)), c, on_sample=lambda s: None, on_module_event=lambda a, b: None,
                    on_paths_changed=lambda p: None)
 

@@ -9,13 +9,13 @@ tests/test_gpu.py (-m gpu) on a GPU machine.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from spark_memsaver import record
 from spark_memsaver.decide import apt
 from spark_memsaver.decide import hazards as hz
 from spark_memsaver.host import Host, events
@@ -104,7 +104,7 @@ def test_hazard_range_upper_bound_is_exclusive():
     """A fix released in 595.45.04 (affected_below) means 595.45.04 itself is not affected by version; the
     version just below is. (Kills: ``v < affected_below`` -> ``v <= affected_below``.)"""
     (h,) = [h for h in hz.load_hazards((REPO / "uvm_patch/hazards.yaml").read_text()) if h.reference.endswith("#1269")]
-    h = dataclasses.replace(h, affected_below=(595, 45, 4))
+    h = record.replace(h, affected_below=(595, 45, 4))
     kw = dict(arch="aarch64", page_size=65536, nv_linux_h_text=None)
     assert hz.assess(h, driver_version="595.45.04", **kw).state == hz.NOT_AFFECTED
     assert hz.assess(h, driver_version="595.45.3", **kw).state == hz.AFFECTED

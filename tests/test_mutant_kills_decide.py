@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_memsaver import record
 from spark_memsaver import world
 from spark_memsaver.config import Config
 from spark_memsaver.decide import hold, ours, packing, qualification
@@ -338,13 +339,12 @@ def test_hazard_reasons_say_how_they_were_decided():
 def test_policy_reads_exactly_its_symbols_and_its_verdict_is_frozen():
     """What the policy keeps of a kernel's configuration: the seven symbols, nothing else; a verdict cannot be
     changed once made (kills: each of the SYMBOLS misspelt, frozen=True -> False)."""
-    import dataclasses
     from spark_memsaver.decide import policy
     syms = ("CONFIG_ARM64", "CONFIG_ARM64_64K_PAGES", "CONFIG_ARM64_16K_PAGES", "CONFIG_ARM64_4K_PAGES",
             "CONFIG_X86_64", "CONFIG_X86", "CONFIG_PREEMPT_RT")
     assert policy.kernel_facts({**{s: "y" for s in syms}, "CONFIG_OTHER": "y"}) == {"kconfig": {s: "y" for s in syms}}
     v = policy.verdict({"release": "k", "page_size": 65536}, Config())
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(record.FrozenInstanceError):
         v.ok = False
 
 
@@ -553,7 +553,6 @@ def test_hazard_assessment_reasons_word_for_word():
     a failed read decided by version, and the version-only verdicts inside and outside the range (kills: the
     state names, every reason's wording and separators, the page size shown raw at 0, ``by_version = ""``,
     the hint's "" and None, inside/outside and its ==, the missing version's "" -> "XXXX"; frozen Assessment)."""
-    import dataclasses
     from spark_memsaver.decide import hazards as hz
     h = _h1269()
     ref = "NVIDIA/open-gpu-kernel-modules#1269"
@@ -585,7 +584,7 @@ def test_hazard_assessment_reasons_word_for_word():
     assert a()[2].endswith("driver 580.142 is outside it")
     assert a(driver_version=None)[2] == "no driver source on this node and no readable driver version"
     assert a(driver_version="abc")[2] == "no driver source on this node and no readable driver version ('abc')"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(record.FrozenInstanceError):
         hz.assess(h, driver_version=None, arch=None, page_size=None, nv_linux_h_text=None).state = "affected"
 
 
@@ -672,7 +671,6 @@ def test_hazard_findings_from_inputs_word_for_word(monkeypatch):
     architecture; a content verdict is frozen (kills: every wording, key and separator of those findings, the
     table path's `or`/`and`, ``and not sources`` -> ``and sources``, the source path's key and files[0], the
     /usr/src test, the raise's [:400] and wording, '/'.join, ContentVerdict frozen)."""
-    import dataclasses
     from spark_memsaver.decide import hazards as hz
     remedy = hz.HazardsInvalid.remedy
     tail = ": known NVIDIA driver faults are not checked."
@@ -720,8 +718,8 @@ def test_hazard_findings_from_inputs_word_for_word(monkeypatch):
                                  + ("RuntimeError: " + "y" * 1000)[:400] + "; driver 590.48.01 was judged by its "
                                  "version (590.44.01 and newer) instead.")
     monkeypatch.setattr(hz, "assess", real)
-    two = dataclasses.replace(_h1269(), arch=("aarch64", "x86_64"))
+    two = record.replace(_h1269(), arch=("aarch64", "x86_64"))
     assert hz.assess(two, driver_version=None, arch="riscv64", page_size=4096, nv_linux_h_text=None).reason == \
         "NVIDIA/open-gpu-kernel-modules#1269 needs aarch64/x86_64; this node is riscv64"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(record.FrozenInstanceError):
         hz.content_verdict(two.signature, "", 65536).state = "affected"

@@ -8,7 +8,7 @@ naming the file, the key and what was expected.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from spark_memsaver.record import Record, asdict, field
 
 from .errors import ConfigError
 from . import vocabulary as policy   # the tier/kernels vocabulary (a leaf; decide/policy re-exports it)
@@ -18,8 +18,7 @@ ENV_VAR = "SPARK_MEMSAVER_CONFIG"
 SOURCE_FETCH_MODES = ("auto", "never")
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Record, frozen=True):
     # Which kernels we build for: "64k-only" (arm64 with CONFIG_ARM64_64K_PAGES) or "all".
     kernels: str = "64k-only"
     # Packing tier (decide/policy.py): "leaf" (default, the hardware-validated scope), "4k-all" or "256"

@@ -7,7 +7,7 @@ Text is Markdown-light: `code` and **bold** only (tools/gen-docs turns them into
 
 from __future__ import annotations
 
-from dataclasses import fields
+from spark_memsaver.record import fields
 
 from spark_memsaver.config import _SCHEMA, Config
 from spark_memsaver import vocabulary as policy   # the tier/kernels vocabulary (decide/policy re-exports it)
@@ -49,11 +49,11 @@ def default_text(key: str) -> str:
 def keys() -> list[dict]:
     """Every key of the file, in Config's order: name, default (as YAML writes it), meaning, accepted values."""
     out = []
-    for f in fields(Config):
-        if f.name not in _SCHEMA:
+    for name in fields(Config):
+        if name not in _SCHEMA:
             continue                 # source, notes: not keys of the file
-        out.append({"key": f.name, "default": default_text(f.name), "meaning": MEANING[f.name],
-                    "expected": _SCHEMA[f.name][2]})
+        out.append({"key": name, "default": default_text(name), "meaning": MEANING[name],
+                    "expected": _SCHEMA[name][2]})
     return out
 
 

@@ -8,11 +8,11 @@ names.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
+from spark_memsaver.record import Record
 
 FORMAT = 1
 ARM64_PAGE_SIZES = (4096, 16384, 65536)     # the page sizes an arm64 kernel can have (decide/c_macros.py too)
@@ -28,8 +28,7 @@ class HazardsInvalid(MemsaverError):
               "in /usr/share/spark-memsaver/uvm_patch/).")
 
 
-@dataclasses.dataclass(frozen=True)
-class Signature:
+class Signature(Record, frozen=True):
     kind: str
     files: tuple[str, ...]
     macro: str
@@ -37,8 +36,7 @@ class Signature:
     reference_page_size: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Hazard:
+class Hazard(Record, frozen=True):
     id: str
     code: str
     reference: str

@@ -1,4 +1,4 @@
-"""The typed world: what observe/ reads about a host, as dataclasses (one class per section), not nested dicts.
+"""The typed world: what observe/ reads about a host, as records (record.py; one class per section), not nested dicts.
 
 observe/snapshot.snapshot builds a :class:`World`; world/ adds the sections decided over readings (``secure_boot``,
 ``driver_sources``) and the planner's facts (each kernel's ``kconfig``, ``records.builds``); decide/, report/ and
@@ -15,10 +15,8 @@ host/records.py), the decided ``secure_boot`` and ``driver_sources`` sections, t
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
 from spark_memsaver.errors import WorldInvalid
+from spark_memsaver.record import MISSING, Record, field
 
 
 class _Absent:
@@ -41,27 +39,28 @@ _NUM_N, _DICT, _DICT_N, _LIST = (int, float, type(None)), (dict,), (dict, type(N
 _ANY = None
 
 
-class Section:
+class Section(Record):
     """Base of the world's classes: JSON in and out by a per-class table of field kinds (``_KINDS``)."""
     __slots__ = ()
-    _KINDS: dict = {}
+    _KINDS = {}
 
     def as_json(self) -> dict:
         out = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+        for k in self._FIELDS:
+            v = getattr(self, k)
             if v is not ABSENT:
-                out[f.name] = _out(v)
+                out[k] = _out(v)
         return out
 
-    # one __init__, __eq__ and __repr__ for every class: the decorator's own, generated and compiled per class,
-    # cost the status path 38 M instructions at import (benchmarks/status_latency.py --instructions)
+    # keyword arguments only; one __init__, __eq__ and __repr__ for every class (record.py: no code generation)
     def __init__(self, **values):
-        for f in dataclasses.fields(self):
-            if f.name in values:
-                setattr(self, f.name, values.pop(f.name))
+        specs = self._SPECS
+        for k in self._FIELDS:
+            if k in values:
+                setattr(self, k, values.pop(k))
             else:
-                setattr(self, f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
+                spec = specs[k]
+                setattr(self, k, spec.default if spec.factory is MISSING else spec.factory())
         if values:
             raise TypeError(f"{type(self).__name__}: unknown field {next(iter(values))!r}")
 
@@ -82,14 +81,11 @@ class Section:
             return d
         if not isinstance(d, dict):
             raise WorldInvalid(f"{where}: expected an object, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(cls._FIELDS)
         extra = sorted(set(d) - names, key=str)
         if extra:
             raise WorldInvalid(f"{where}: unknown key {extra[0]!r}")
         return cls(**{k: _parse(cls._KINDS[k], v, f"{where}.{k}") for k, v in d.items()})
-
-
-_section = dataclass(slots=True, init=False, repr=False, eq=False)     # the world's classes: dataclasses with slots
 
 
 def _out(v):
@@ -119,7 +115,6 @@ def _parse(kind, v, where):
     return v
 
 
-@_section
 class Host(Section):
     """The running kernel's release, the machine and its page size (None where a root cannot tell)."""
     kernel: str | None = None
@@ -128,7 +123,6 @@ class Host(Section):
     _KINDS = {"kernel": _STR_N, "arch": _STR_N, "page_size": _INT_N}
 
 
-@_section
 class ModuleSelection(Section):
     """The module file modprobe selects for a kernel (observe/modules.describe): ``state`` is ours | patched |
     stock | builtin | unreadable; ``patched`` is "carries a packing patch" (None when unreadable)."""
@@ -148,7 +142,6 @@ class ModuleSelection(Section):
               "error": _STR_N}
 
 
-@_section
 class Kernel(Section):
     """An installed kernel and which nvidia-uvm / nvidia modprobe selects for it (None: not found). ``kconfig``
     (free-form {CONFIG_X: value}, None when unreadable) is the planner's, absent until world/ adds it."""
@@ -163,7 +156,6 @@ class Kernel(Section):
               "uvm_selected": (ModuleSelection, None), "nvidia_selected": (ModuleSelection, None), "kconfig": _DICT_N}
 
 
-@_section
 class DriverSource(Section):
     """An NVIDIA source tree: /usr/src (``origin`` absent) or the source cache (``origin`` "cache")."""
     version: str = ""
@@ -173,7 +165,6 @@ class DriverSource(Section):
     _KINDS = {"version": _STR, "path": _STR, "open": _BOOL, "origin": _STR}
 
 
-@_section
 class Driver(Section):
     """The loaded nvidia module's version and the driver source trees."""
     loaded_version: str | None = None
@@ -181,7 +172,6 @@ class Driver(Section):
     _KINDS = {"loaded_version": _STR_N, "sources": [DriverSource]}
 
 
-@_section
 class Uvm(Section):
     """The loaded nvidia_uvm. ``parameters`` (name -> value) and ``packing`` (the pool's counters, observe/
     counters.parse_stats, or {"error": ...}) are free-form dicts."""
@@ -195,7 +185,6 @@ class Uvm(Section):
               "packing": _DICT_N}
 
 
-@_section
 class Holder(Section):
     """A process with /dev/nvidia-uvm open."""
     pid: int = 0
@@ -203,7 +192,6 @@ class Holder(Section):
     _KINDS = {"pid": (int,), "comm": _STR}
 
 
-@_section
 class DkmsBuild(Section):
     """A build of a registered version for one kernel and arch: built, and installed into the kernel's tree."""
     kernel: str = ""
@@ -213,7 +201,6 @@ class DkmsBuild(Section):
     _KINDS = {"kernel": _STR, "arch": _STR, "built": _BOOL, "installed": _BOOL}
 
 
-@_section
 class Registration(Section):
     """One version of our module registered with DKMS, and its builds."""
     module: str = ""
@@ -223,7 +210,6 @@ class Registration(Section):
     _KINDS = {"module": _STR, "version": _STR, "source_present": _BOOL, "builds": [DkmsBuild]}
 
 
-@_section
 class Dkms(Section):
     """Whether dkms is installed, and our module's registrations in its tree."""
     available: bool = True
@@ -231,7 +217,6 @@ class Dkms(Section):
     _KINDS = {"available": _BOOL, "registrations": [Registration]}
 
 
-@_section
 class Memory(Section):
     """Bytes: MemTotal, MemAvailable, and the pool's page-table figures (None when not known)."""
     total: int | None = None
@@ -243,7 +228,6 @@ class Memory(Section):
               "pagetable_stock_equivalent": _INT_N, "saved": _INT_N}
 
 
-@_section
 class Records(Section):
     """The operations' records, read and validated by host/records.py: each body a free-form dict of its kind's
     fields. ``builds`` (what the installed builds were made with) is the planner's, absent until world/ adds it."""
@@ -258,14 +242,12 @@ class Records(Section):
               "unreadable": _LIST, "quarantined": _LIST, "builds": _LIST}
 
 
-@_section
 class Guard(Section):
     """The load-time guard's newest refusal of our module in this boot (observe/guardlog.parse), or None."""
     ours_load_failed: dict | None = None
     _KINDS = {"ours_load_failed": _DICT_N}
 
 
-@_section
 class World(Section):
     """The host, observed once. ``secure_boot`` is observe/'s reading (efi/mokvars.MokReading) until world/
     replaces it with decide/mok.section's dict; ``driver_sources`` likewise (observe/sources.facts, then

@@ -8,12 +8,12 @@ reason shown to the user) when it cannot be known.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
 from spark_memsaver.decide.c_expr import CEvalError, CLimitError, Expr, Limits, Undecidable, tokens
 from spark_memsaver.hazard_table import ARM64_PAGE_SIZES  # noqa: F401  (the one definition)
+from spark_memsaver.record import Record
 
 
 def kib(n: int) -> str:
@@ -86,8 +86,7 @@ def _directives(text: str) -> tuple:
     return tuple(out)
 
 
-@dataclasses.dataclass
-class _Def:
+class _Def(Record):
     state: bool | None          # True: certainly in effect, None: under an undecidable condition
     body: str | None            # None: #undef
     function_like: bool

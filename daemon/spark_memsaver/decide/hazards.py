@@ -24,12 +24,11 @@ The table's format and loader are in hazard_table.py (a leaf: observe/ reads it 
 
 from __future__ import annotations
 
-import dataclasses
-
 from spark_memsaver.decide.c_expr import CEvalError, CLimitError
 from spark_memsaver.decide.c_macros import ARM64_PAGE_SIZES, kib as _kib, macro_value
 from spark_memsaver.hazard_table import (
     ARCH_ALIASES as _ARCH_ALIASES, FORMAT, Hazard, HazardsInvalid, Signature, load_hazards, parse_version)
+from spark_memsaver.record import Record, asdict, field
 
 __all__ = ["AFFECTED", "ARM64_PAGE_SIZES", "Assessment", "CEvalError", "ContentVerdict", "FORMAT", "Hazard",
            "HazardsInvalid", "NOT_AFFECTED", "Signature", "UNKNOWN", "assess", "content_verdict", "finding",
@@ -44,8 +43,7 @@ UNKNOWN = "unknown"
 # Assessment
 
 
-@dataclasses.dataclass(frozen=True)
-class Assessment:
+class Assessment(Record, frozen=True):
     hazard: str
     reference: str
     state: str                      # AFFECTED | NOT_AFFECTED | UNKNOWN
@@ -54,10 +52,10 @@ class Assessment:
     driver_version: str | None
     arch: str | None
     page_size: int | None
-    details: dict = dataclasses.field(default_factory=dict)
+    details: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 def _in_range(h: Hazard, v: tuple[int, ...]) -> bool:
@@ -129,8 +127,7 @@ def assess(hazard: Hazard, *, driver_version: str | None, arch: str | None, page
                   f"{'inside' if by_version == AFFECTED else 'outside'} it")
 
 
-@dataclasses.dataclass(frozen=True)
-class ContentVerdict:
+class ContentVerdict(Record, frozen=True):
     state: str
     reason: str
     details: dict

@@ -8,7 +8,7 @@ States: not-needed, no-key, not-enrolled, pending-enroll, enrolled, pending-dele
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from spark_memsaver.record import Record
 
 from spark_memsaver.errors import EXIT_PROBLEM, EXIT_USAGE, MokError, SecureBootUnknown
 from spark_memsaver import efi as ev
@@ -88,8 +88,7 @@ SYSFS_MISSING_REMEDY = ("A system image carries no firmware variables: run 'spar
 
 # --- decision (pure) -------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(Record, frozen=True):
     state: str
     reason: str
     remedy: str = ""

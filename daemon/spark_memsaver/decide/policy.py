@@ -19,12 +19,11 @@ Tier vocabulary (config ``tier``) -> the module's ``uvm_pt_pack`` value (uvm_pat
 
 from __future__ import annotations
 
-import dataclasses
-
 from spark_memsaver.errors import ConfigError
 
 # --- tiers and policy names: spark_memsaver/vocabulary.py (a leaf, so config.py need not import decide/) ---
 
+from spark_memsaver.record import Record
 from spark_memsaver.vocabulary import (DEFAULT_TIER, KERNEL_POLICIES, MODULE_TIERS, RENAMED, TIERS,  # noqa: E402,F401
                                        VALIDATED_TIERS, TierInvalid, normalize_tier, tier_renamed, tier_value,
                                        tier_values_text)
@@ -59,8 +58,7 @@ def _arch(kc: dict) -> str | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class PolicyVerdict:
+class PolicyVerdict(Record, frozen=True):
     """Whether our policy builds for a kernel: ``ok``, and when not, ``why`` (one sentence naming the kernel)
     and ``rule`` -- which rule refused: ``preempt-rt``, ``page-size`` or ``config-unreadable``."""
     ok: bool

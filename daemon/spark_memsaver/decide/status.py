@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from spark_memsaver.record import Record, asdict, field
 
 from spark_memsaver.config import Config
 from spark_memsaver.decide import policy
@@ -24,8 +24,7 @@ SEVERITIES = ("info", "warning", "error")
 SB_LOADABLE = ("not-needed", "enrolled")
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Record, frozen=True):
     code: str
     severity: str
     message: str
@@ -39,8 +38,7 @@ class Finding:
         return d
 
 
-@dataclass
-class Verdict:
+class Verdict(Record):
     state: str
     findings: list[Finding] = field(default_factory=list)
 

@@ -3,13 +3,12 @@ plan (decide/apt.py), so neither imports the other. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from spark_memsaver.record import Record, asdict
 
 from spark_memsaver.versions import base_version  # noqa: F401  (the one base_version)
 
 
-@dataclass
-class Step:
+class Step(Record):
     action: str
     kernel: str | None = None
     reason: str = ""

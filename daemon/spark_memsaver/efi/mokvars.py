@@ -5,7 +5,7 @@ these, decide/mok.py decides over them, so neither imports the other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from spark_memsaver.record import Record, field
 
 from spark_memsaver import efi as ev
 
@@ -25,8 +25,7 @@ MOKVAR_NAMES = ("MokListRT", "MokListXRT")    # shim's config table, preferred b
 
 # --- what was read (observe/mok.py fills it) ---------------------------------------------------------
 
-@dataclass
-class RawEfi:
+class RawEfi(Record):
     """Exactly what was read, nothing interpreted. files: name -> bytes | None (absent) | str (read error)."""
     efi: bool
     efivarfs: bool                     # efivars directory exists and lists at least one variable
@@ -38,8 +37,7 @@ class RawEfi:
 
 # --- parsing (pure) --------------------------------------------------------------------------------------
 
-@dataclass
-class Var:
+class Var(Record):
     name: str
     present: bool
     source: str = ""                   # "efivarfs" or "mok-variables"
@@ -64,8 +62,7 @@ class Var:
         return d
 
 
-@dataclass
-class ParsedEfi:
+class ParsedEfi(Record):
     efi: bool
     efivarfs: bool
     listing_error: str | None
@@ -122,8 +119,7 @@ def parse_efi(raw: RawEfi) -> ParsedEfi:
 
 # --- certificate ----------------------------------------------------------------------------------------
 
-@dataclass
-class CertInfo:
+class CertInfo(Record):
     path: str | None
     origin: str                         # "--cert", "config signing_cert", "dkms framework.conf", default...
     present: bool = False
@@ -144,8 +140,7 @@ class CertInfo:
         return d
 
 
-@dataclass
-class MokReading:
+class MokReading(Record):
     """Everything observe/mok.read() gathered for one verdict (decide/mok.section)."""
     parsed: ParsedEfi
     cert: CertInfo

@@ -17,7 +17,7 @@ offset and what was expected; nothing here raises anything else on any input.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from spark_memsaver.record import Record, field
 
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.efi.der import DerError, tlv_header
@@ -121,8 +121,7 @@ class MalformedCertificate(EfiFormatError):
 
 # --- efivarfs files --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class EfiVariable:
+class EfiVariable(Record, frozen=True):
     name: str
     attributes: int
     data: bytes
@@ -190,14 +189,12 @@ def parse_uint_flag(var: EfiVariable) -> int:
 
 # --- EFI_SIGNATURE_LIST ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SignatureEntry:
+class SignatureEntry(Record, frozen=True):
     owner: str
     data: bytes
 
 
-@dataclass(frozen=True)
-class SignatureList:
+class SignatureList(Record, frozen=True):
     type_guid: str
     header: bytes
     signature_size: int

@@ -3,7 +3,7 @@ reader. Pure functions over bytes; every malformation is :class:`MalformedCertif
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from spark_memsaver.record import Record, field
 
 from spark_memsaver.efi.der import DerError as _DerError, tlv_header as _tlv_header
 from spark_memsaver.efi.siglist import (EfiFormatError, MalformedCertificate,  # noqa: F401
@@ -89,8 +89,7 @@ def _sha256(data: bytes) -> bytes:
     return sha256(data).digest()
 
 
-@dataclass(frozen=True)
-class Certificate:
+class Certificate(Record, frozen=True):
     der: bytes
     subject: list = field(default_factory=list)
     issuer: list = field(default_factory=list)

@@ -98,9 +98,30 @@ def _unroot(host: Host, p: str) -> str:
 
 
 def read_selected(host: Host, kernel: str, name: str = UVM, *, digest: bool = False,
-                  timeout: float = MODINFO_TIMEOUT) -> dict:
+                  timeout: float = MODINFO_TIMEOUT, cached: bool = False) -> dict:
     """The module modprobe selects for ``name`` on ``kernel`` and its fields (see the module docstring).
-    ``path`` is a host path (without the root prefix); ``sha256`` when ``digest``."""
+    ``path`` is a host path (without the root prefix); ``sha256`` when ``digest``. ``cached``: an inspection may
+    take kmod's answer kept from an earlier run when nothing it read has changed (observe/modcache.py); a
+    verification after a change (act/) always asks kmod."""
+    if not cached:
+        return _digested(host, _ask_kmod(host, kernel, name, timeout), digest)
+    from spark_memsaver.observe import modcache
+    now = modcache.inputs(host, kernel)
+    out = modcache.lookup(host, kernel, name, now)
+    if out is None:
+        out = _ask_kmod(host, kernel, name, timeout)
+        modcache.store(host, kernel, name, now, out)
+    return _digested(host, out, digest)
+
+
+def _digested(host: Host, out: dict, digest: bool) -> dict:
+    if digest and out.get("path") and out["state"] not in ("none", "builtin", "unreadable"):
+        out["sha256"] = sha256_file(host.path(out["path"]))
+    return out
+
+
+def _ask_kmod(host: Host, kernel: str, name: str, timeout: float) -> dict:
+    """modinfo's answer for (kernel, name), read as :func:`read_selected` says (no digest)."""
     argv = ["modinfo", "-k", kernel, name]
     if not host.is_live:
         argv[1:1] = ["-b", str(host.root)]
@@ -128,9 +149,7 @@ def read_selected(host: Host, kernel: str, name: str = UVM, *, digest: bool = Fa
     if not host.path(path).is_file():
         return dict(_unreadable(f"modinfo names {path}, which is not a file", path), kernel=kernel,
                     module=name, sha256=None)
-    out = dict(_fields(info), path=path, kernel=kernel, module=name)
-    out["sha256"] = sha256_file(host.path(path)) if digest else None
-    return out
+    return dict(_fields(info), path=path, kernel=kernel, module=name, sha256=None)
 
 
 def read_file(host: Host, path: str) -> dict:

@@ -98,7 +98,7 @@ def parse_modinfo(text: str) -> dict:
 def module_info(host: Host, release: str, name: str) -> dict | None:
     """Which file module loading would select for ``name`` on kernel ``release`` (observe/modules.py):
     None when modinfo says it is not found; {"error": ...} when the selection cannot be read."""
-    sel = modules.read_selected(host, release, name)
+    sel = modules.read_selected(host, release, name, cached=True)
     return None if sel["state"] == "none" else sel
 
 

@@ -8,7 +8,7 @@ Writes one JSON object to stdout: ``{"config": {...} | null, "config_error": {..
 picked up by the next refresh); when it is bad the daemon's current config (stdin; the defaults when it has
 none yet) is used, returned as ``config``, and the error is returned beside it. :func:`compute` is the
 daemon's side: it runs this with a time limit and parses the answer. The daemon holds the config as that
-dict behind :class:`Settings`: config.py (a dataclass) stays out of the resident process.
+dict behind :class:`Settings`: config.py (a record) stays out of the resident process.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ def _config_from(d: dict | None):
 
 
 def config_dict(c) -> dict:
-    import dataclasses
-
-    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    d = {k: getattr(c, k) for k in c._FIELDS}
     d["notes"] = list(d.get("notes") or ())
     return d
 

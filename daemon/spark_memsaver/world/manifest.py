@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from spark_memsaver.record import Record, field
 from pathlib import Path
 
 from spark_memsaver.decide import qualification as qual
@@ -54,8 +54,7 @@ def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
 
-@dataclass
-class Entry:
+class Entry(Record):
     branch: str
     qualification: str
     versions: list[str] = field(default_factory=list)   # exact versions
@@ -76,8 +75,7 @@ class Entry:
                 and (self.range_below is None or k < _vkey(self.range_below)))
 
 
-@dataclass
-class Manifest:
+class Manifest(Record):
     root: Path
     pool_files: list[Path]
     branches: dict[str, list[Path]]
@@ -154,8 +152,7 @@ def load_manifest(root: Path | None = None) -> Manifest:
 # ----------------------------------------------------------------------------------------------
 # A driver version's entry or branch
 
-@dataclass
-class Selection:
+class Selection(Record):
     version: str
     branch: str
     patches: list[Path]
