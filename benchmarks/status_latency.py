@@ -119,9 +119,11 @@ def main() -> int:
         cmds["status --json (Spark root)"] = [x.replace("{root}", str(spark)) for x in status]
         cmds["status --json (Spark root, no source)"] = [x.replace("{root}", str(nosrc)) for x in status]
         wrapper = ("import sys; from spark_memsaver import yamlio; yamlio.DATA_CACHE = sys.argv[1]; "
-                   "sys.argv = ['spark-memsaver', *sys.argv[2:]]; from spark_memsaver.cli.main import main; main()")
+                   "sys.argv = ['spark-memsaver', *sys.argv[2:]]; from spark_memsaver.cli.entry import main; main()")
         cmds["status --json (Spark root, data parsed)"] = [PY, "-c", wrapper, str(work / "parsed")] + [
             x.replace("{root}", str(spark)) for x in status[3:]]
+        cmds["status -q (Spark root, data parsed)"] = [PY, "-c", wrapper, str(work / "parsed"), "--root", str(spark),
+                                                       "status", "-q", "--direct"]
     try:
         for argv in cmds.values():           # warm the page cache (and the APT memo, where it may be written)
             run_once(argv, env)

@@ -231,7 +231,7 @@ def test_one_ours_predicate():
 # counted); READ_DIRECT, which also start doors (click commands, D-Bus methods that queue a job), not by themselves.
 READ_CLOSED = ("report", "world", "cli.status", "cli.metrics", "cli.events", "cli.history", "service.statusproc",
                "service.history")
-READ_DIRECT = ("cli.main", "cli.group", "service.daemon", "service.runtime", "service.monitor", "service.dbus_service")
+READ_DIRECT = ("cli.main", "cli.entry", "service.daemon", "service.runtime", "service.monitor", "service.dbus_service")
 
 
 def _in(mod: str, names) -> bool:

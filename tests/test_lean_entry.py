@@ -37,7 +37,7 @@ def _run(fn, argv, monkeypatch):
 
 
 def _click(argv):
-    from spark_memsaver.cli.group import cli
+    from spark_memsaver.cli.main import cli
     cli.main(args=argv, prog_name="spark-memsaver")
 
 
@@ -111,7 +111,7 @@ def test_status_imports_no_click(tmp_path):
     code = ("import sys, atexit\n"
             "atexit.register(lambda: sys.__stderr__.write('\\nCLICK ' + str('click' in sys.modules) + '\\n'))\n"
             "sys.argv = ['spark-memsaver', *sys.argv[1:]]\n"
-            "from spark_memsaver.cli.main import main\nmain()\n")
+            "from spark_memsaver.cli.entry import main\nmain()\n")
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "daemon"))
     env.pop("SPARK_MEMSAVER_CONFIG", None)
     for args, loaded in ((["status", "--json"], False), (["status", "-q"], False), (["status", "--help"], True)):

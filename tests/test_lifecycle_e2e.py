@@ -63,7 +63,7 @@ def our_deb(out: Path) -> Path:
     shutil.copytree(REPO / "dkms", share / "dkms")
     shutil.copytree(REPO / "uvm_patch", share / "uvm_patch", ignore=shutil.ignore_patterns("build", "*.o"))
     (pkg / "usr/bin").mkdir(parents=True)
-    (pkg / "usr/bin/spark-memsaver").write_text("#!/usr/bin/python3\nfrom spark_memsaver.cli.main import main\nmain()\n")
+    (pkg / "usr/bin/spark-memsaver").write_text("#!/usr/bin/python3\nfrom spark_memsaver.cli.entry import main\nmain()\n")
     os.chmod(pkg / "usr/bin/spark-memsaver", 0o755)
     deb_dir = pkg / "DEBIAN"
     deb_dir.mkdir()

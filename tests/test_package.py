@@ -113,6 +113,11 @@ def test_deb_fields_and_contents(deb):
     for want in ("monitoring/README.md", "monitoring/alerts.yml", "monitoring/grafana-dashboard.json",
                  "ansible/README.md", "ansible/roles/spark_memsaver/tasks/main.yml"):
         assert f"/usr/share/doc/spark-memsaver/examples/{want}" in files, want
+    # the command's script enters through cli/entry.py: status without click (issue 38)
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    script = subprocess.run(["tar", "-x", "-O", "./usr/bin/spark-memsaver"], input=tar, capture_output=True,
+                            check=True).stdout.decode()
+    assert "spark_memsaver.cli.entry" in script, script
     ctrl = subprocess.run(["dpkg-deb", "-I", str(deb), "conffiles"], capture_output=True, text=True).stdout
     assert "/etc/spark-memsaver/config.yaml" in ctrl.split()
 

@@ -29,7 +29,7 @@ def _modules_after(*cli_args: str, root: str = "/") -> set[str]:
             "atexit.register(lambda: sys.__stderr__.write('\\nMODULES ' + json.dumps(sorted(m for m in sys.modules"
             " if m.startswith('spark_memsaver'))) + '\\n'))\n"
             "sys.argv = ['spark-memsaver', *sys.argv[1:]]\n"
-            "from spark_memsaver.cli.main import main\nmain()\n")
+            "from spark_memsaver.cli.entry import main\nmain()\n")
     r = subprocess.run([PY, "-c", code, "--root", root, *cli_args], capture_output=True, text=True,
                        env=_env(), timeout=120)
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("MODULES ")]
@@ -312,7 +312,7 @@ def test_status_needs_no_yaml_once_the_data_files_are_parsed(tmp_path):
             f"yamlio.DATA_CACHE = {str(tmp_path / 'cache/parsed')!r}\n"
             "sys.argv = ['spark-memsaver', '--root', sys.argv[1], 'status', '--json', '--direct']\n"
             "import atexit; atexit.register(lambda: sys.stderr.write('YAML ' + str('yaml' in sys.modules)))\n"
-            "from spark_memsaver.cli.main import main; main()\n")
+            "from spark_memsaver.cli.entry import main; main()\n")
     runs = [subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, env=_env(),
                            timeout=120) for _ in range(2)]
     for r in runs:

@@ -1,4 +1,4 @@
-from spark_memsaver.cli.main import main
+from spark_memsaver.cli.entry import main
 
 if __name__ == "__main__":
     main()

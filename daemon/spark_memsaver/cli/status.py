@@ -2,7 +2,7 @@
 
 `status` is what people, scripts and monitoring run most, and click with what it imports (typing, enum, gettext,
 datetime, ...) was a third of its time (issue 38). :func:`lean` recognises a status command line before click
-is imported and runs :func:`run` -- the same body the click command (cli/group.py) calls -- with the same
+is imported and runs :func:`run` -- the same body the click command (cli/main.py) calls -- with the same
 output (:func:`echo` is what both write with), errors (:func:`emit_error`), exit codes and logging set-up. A
 line it does not recognise in full (``--help``, an unknown or misspelt option, another command, ``--debug``,
 shell completion) returns None and goes to click, which says what it always said. So the two paths cannot
