@@ -20,7 +20,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "daemon" / "spark_memsaver"
 
 # layer of each top-level folder/module; the same number means side by side (no imports between them)
-LAYER = {"host": 0, "config": 0, "errors": 0, "exitcodes": 0, "config_keys": 0, "versions": 0, "vocabulary": 0, "record": 0,
+LAYER = {"host": 0, "config": 0, "errors": 0, "exitcodes": 0, "config_keys": 0, "versions": 0, "vocabulary": 0, "record": 0, "logs": 0,
          "yamlio": 0, "hazard_table": 0, "efi": 0, "model": 0, "": 0,
          "decide": 1, "observe": 1, "world": 2, "report": 3, "act": 4, "validate": 4, "service": 5, "cli": 6,
          "__main__": 7}

@@ -118,3 +118,16 @@ def test_status_imports_no_click(tmp_path):
         r = subprocess.run([sys.executable, "-c", code, "--root", str(root), *args], capture_output=True, text=True,
                            env=env, timeout=120)
         assert f"CLICK {loaded}" in r.stderr, (args, r.stderr[-2000:])
+
+
+def test_logging_is_set_up_before_the_first_message_and_not_imported_before():
+    """logs.py: the lean entry's log set-up waits for the first message, and that message is formatted as the
+    click path's eager set-up formats it."""
+    code = ("import sys\nfrom spark_memsaver import logs\nfrom spark_memsaver.cli.status import setup_logging\n"
+            "setup_logging(False)\nassert 'logging' not in sys.modules\n"
+            "log = logs.lazy('spark_memsaver.run')\nlog.debug('not shown')\nlog.warning('timed out after %ds', 5)\n"
+            "assert 'logging' in sys.modules\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "daemon"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "WARNING spark_memsaver.run: timed out after 5s\n"

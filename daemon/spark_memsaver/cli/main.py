@@ -135,7 +135,7 @@ class SafeGroup(click.Group):
 @click.pass_context
 def cli(ctx, root, config_path, debug):
     """Pack nvidia-uvm GPU page tables on 64 KiB-page kernels, safely (DGX Spark / GB10)."""
-    setup_logging(debug)
+    setup_logging(debug, eager=True)
     ctx.obj = Context(root, config_path, debug)
 
 

@@ -87,11 +87,15 @@ def internal_error(e: BaseException) -> MemsaverError:
     return err
 
 
-def setup_logging(debug: bool) -> None:
-    import logging
+def setup_logging(debug: bool, eager: bool = False) -> None:
+    """The CLI's log set-up (warnings, or everything with --debug, to stderr): applied when something is first
+    logged (logs.py), so a status that logs nothing never imports logging; ``eager`` (the click group, whose
+    error handler asks the root logger's level) now."""
+    from spark_memsaver import logs
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if eager:
+        import logging  # noqa: F401  (loaded: configure applies at once)
+    logs.configure(level=10 if debug else 30, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
 def help_text() -> str:

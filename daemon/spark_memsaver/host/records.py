@@ -11,7 +11,6 @@ records written by 0.1.0 read unchanged (tests/test_records_compat.py). Writers 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 
@@ -106,6 +105,8 @@ def parse(kind: str, text: str) -> dict:
 
 
 def _stamp() -> str:
+    import datetime as _dt
+
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 

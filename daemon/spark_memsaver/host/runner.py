@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import signal
-import subprocess
 import time
 
+from spark_memsaver import logs
 from spark_memsaver.errors import CommandFailed, CommandNotFound, CommandTimedOut
 
-log = logging.getLogger("spark_memsaver.run")
+# subprocess, signal and logging are imported when a command runs: a status that runs none pays for none of them
+log = logs.lazy("spark_memsaver.run")
 
 # Where system tools live; the daemon's environment under systemd may have a minimal PATH.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -91,6 +90,8 @@ class Result(_Record):
 
 def _run_group(argv, input, timeout, env, cwd, text):
     """subprocess.run in a new session; on timeout the WHOLE process group is killed, then reaped."""
+    import signal
+    import subprocess
     with subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, text=text,
                           errors="replace" if text else None, start_new_session=True) as proc:
@@ -126,6 +127,8 @@ class Runner:
         for output that may be large (``dpkg-deb --fsys-tarfile``). Yields a :class:`Stream`; its
         ``returncode`` and ``stderr`` (the last 4 KiB) are set once the block ends. Past ``timeout``, or when
         the block ends before the output does, the whole process group is killed (the reader sees EOF)."""
+        import signal
+        import subprocess
         import tempfile
         import threading
         argv = [str(a) for a in argv]
@@ -181,6 +184,7 @@ class Runner:
         if env:
             full_env.update(env)
         full_env["PATH"] = search_path(full_env.get("PATH", ""))
+        import subprocess
         t0 = time.monotonic()
         try:
             p = _run_group([exe] + argv[1:], input, timeout, full_env, cwd, text)

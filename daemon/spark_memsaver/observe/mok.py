@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shlex
 import stat
 
 from spark_memsaver.efi.mokvars import (EFI_DIR, EFIVARS_DIR, LISTS, MOKVAR_DIR, MOKVAR_NAMES, PRESENCE, SCALARS,
@@ -147,6 +146,8 @@ def _shell_value(v: str) -> str:
     """One shell word as bash reads it (shlex: so a value act/signing.py wrote shlex-quoted reads back
     exactly); a simple quote/comment split for anything shlex cannot take as one word."""
     try:
+        import shlex
+
         words = shlex.split(v, comments=True)
     except ValueError:
         words = None

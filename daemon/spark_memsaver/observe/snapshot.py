@@ -11,7 +11,6 @@ anyone else sees the snapshot -- "secure_boot" (an efi/mokvars.MokReading; decid
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -21,7 +20,6 @@ from spark_memsaver.observe.counters import CountersError, parse_stats
 from spark_memsaver.host import Host
 from spark_memsaver.host import paths
 
-log = logging.getLogger("spark_memsaver.observe.snapshot")
 
 EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 OUR_TAG = "spark_memsaver"          # modinfo field carried by our patched module

@@ -14,15 +14,15 @@ by the lists' and dpkg status's mtimes, so the status child does not pay apt-cac
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 
+from spark_memsaver import logs
 from spark_memsaver.host import Host, paths, records
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.versions import DRIVER_RE, base_version as _base
 
-log = logging.getLogger("spark_memsaver.observe.sources")
+log = logs.lazy("spark_memsaver.observe.sources")
 
 RECORD = ".spark-memsaver-source.json"      # inside each cached tree, published with it by one rename
 MEMO = ".apt-index.json"
