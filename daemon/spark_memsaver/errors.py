@@ -48,6 +48,12 @@ class UsageError(MemsaverError):
     exit_code = EXIT_USAGE
 
 
+class InvalidArgument(UsageError):
+    """An argument that is not what it names (a kernel release with '/', a control character): refused alike at
+    every door (D-Bus: service/checks.py; the CLI: versions.release through act/installable.check_kernel)."""
+    code = "invalid-argument"
+
+
 class ConfigError(MemsaverError):
     code = "config-invalid"
     exit_code = EXIT_USAGE

@@ -7,6 +7,18 @@ from __future__ import annotations
 import re
 
 DRIVER_RE = re.compile(r"^\d+\.\d+(?:\.\d+)?$")     # an NVIDIA driver version: 580.142, 550.163.01
+# A kernel release as a name under /lib/modules: never '/', '..' alone, blanks or control characters. The one
+# check of every door that takes a kernel (D-Bus service/checks.kernel, every CLI --kernel): a full match.
+KERNEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}")
+
+
+def release(v) -> str:
+    """``v`` when it is a kernel release name (KERNEL_RE, a full match), else errors.InvalidArgument (exit 2)."""
+    if not isinstance(v, str) or not KERNEL_RE.fullmatch(v):
+        from spark_memsaver.errors import InvalidArgument
+        raise InvalidArgument(f"'kernel' is not a kernel release: {v!r}"[:200],
+                              remedy="Give a release as listed under /lib/modules, e.g. 6.14.0-1015-nvidia-64k.")
+    return v
 
 
 def base_version(v: str | None) -> str | None:

@@ -29,6 +29,11 @@ def loader():
     return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
 
 
+def is_empty(text: str) -> bool:
+    """Blank lines and comments only: an empty document, decided without yaml."""
+    return _EMPTY.fullmatch(text) is not None
+
+
 def safe_load(text: str):
     """``yaml.safe_load(text)`` through the C parser when present; raises ``yaml.YAMLError`` as it does."""
     if _EMPTY.fullmatch(text):

@@ -29,14 +29,17 @@ import os
 from spark_memsaver.act import installable
 from spark_memsaver.act import records_io as rio
 from spark_memsaver.act import steps as st
+from spark_memsaver import config as cfgmod
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
-from spark_memsaver.errors import LockTimeout, UsageError
+from spark_memsaver.errors import LockTimeout, NotPermitted, UsageError
 from spark_memsaver.host import Host, holds, locks
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver import world
 
 OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install")
+# toward stock: these run on the built-in defaults when the config file cannot be used (config.load_for_safety)
+SAFETY_OPS = ("remove", "rollback", "reconcile", "apt-pre-install")
 LOCK_WAIT = 1800.0      # a build of nvidia-uvm takes minutes on 2 cores: wait for it, but never forever
 
 
@@ -109,6 +112,7 @@ def _target(host: Host, kernel: str | None) -> str:
 
 def _build(host, config, progress, problems, kernel=None, driver_version=None, driver=None, force=False):
     k = _target(host, kernel)
+    cfgmod.refuse_invalid(config, "build")
     installable.require(host, config, k, progress=st.fwd(progress), ignore=("secure-boot-unknown",))
     dv = driver_version or driver
     with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=dv):
@@ -127,6 +131,7 @@ def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progre
 
 def _install(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
+    cfgmod.refuse_invalid(config, "install")
     if k:   # refused with status's code and remedy (decide/installability.py); fetches a missing source
         installable.require(host, config, k, progress=st.fwd(progress))
     released = holds.release(host, k)        # the administrator's install ends their rollback/remove hold
@@ -157,7 +162,7 @@ def _remove(host, config, progress, problems, kernel=None, all_kernels=False):
 
 def _reconcile(host, config, progress, problems, kernels=None, rebuild=None, dry_run=False, inside_dpkg=False,
                _deferred=None):
-    snap, support, steps = plan_now(host, config, kernels=kernels, rebuild=rebuild)
+    snap, support, steps = plan_now(host, config, kernels=kernels, rebuild=rebuild, why=_deferred)
     if dry_run:
         return {"dry_run": True, "support": support, **rc.summarize(steps)}
     results = st.execute(host, config, steps, snap, progress, problems)
@@ -210,8 +215,11 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
     from spark_memsaver.host import events
     try:
         doc = _perform(op, host, config, progress=progress, lock_wait=lock_wait, **args)
-    except UsageError:
-        raise                    # bad usage (a typo'd --kernel) is not a lifecycle event: nothing was attempted
+        found = config_finding(config)
+        if found and isinstance(doc, dict):
+            doc.setdefault("findings", []).append(found)
+    except (UsageError, NotPermitted):
+        raise                    # bad usage (a typo'd --kernel), no root: not a lifecycle event, nothing was attempted
     except Exception as e:
         if not args.get("dry_run"):      # a refused plan changed nothing either
             events.record(host, op, args, error=e)
@@ -254,6 +262,7 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         changes = rc.driver_changes(rc.parse_apt_hook(args.get("text", "")))
         if not changes:
             return {"ok": True, "changes": [], "steps": []}
+    require_root(host, op)     # before the lock (/run/spark-memsaver is root's)
     with locked(host, wait=lock_wait, progress=progress, purpose=op):
         seen: dict = {}
         recovered = [] if op in ("reconcile",) else recover(host, config, progress, problems, seen)
@@ -280,3 +289,24 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         doc["record_problems"] = problems
         doc.setdefault("findings", []).extend(problems)
     return doc
+
+
+def config_finding(config: Config) -> dict | None:
+    """The one ``config-invalid`` finding of a safety path that ran on the built-in defaults (config.invalid):
+    file and line, what still ran, the file's remedy."""
+    bad = getattr(config, "invalid", None)
+    if not bad:
+        return None
+    return {"code": "config-invalid", "severity": "warning", "file": bad.get("file"), "line": bad.get("line"),
+            "message": f"{bad.get('message')}; the built-in defaults were used for what safety needs, and "
+                       "nothing is built until the file is fixed",
+            "remedy": bad.get("remedy") or ""}
+
+
+def require_root(host: Host, op: str, command: str | None = None) -> None:
+    """A change to the live system needs root: ``not-permitted`` (exit 1) with the sudo form, before any lock or
+    record is touched. ``command``: the command line to give with sudo (the CLI's, as typed)."""
+    if host.is_live and os.geteuid() != 0:
+        from spark_memsaver import remedy as rm
+        raise NotPermitted(f"'{op}' changes kernel modules and needs root",
+                           remedy=f"Run it as root: '{command or rm.sm(op)}'.")

@@ -67,7 +67,10 @@ def require(host: Host, config: Config, kernel: str, progress=None, ignore: tupl
 
 
 def check_kernel(host: Host, kernel: str) -> str:
-    """``kernel`` if /lib/modules/<kernel> exists, else the one unknown-kernel error naming those that do."""
+    """``kernel`` if it is a release name (versions.release: the same check as D-Bus; invalid-argument) and
+    /lib/modules/<kernel> exists, else the one unknown-kernel error naming those that do."""
+    from spark_memsaver.versions import release
+    release(kernel)
     if host.path(f"/lib/modules/{kernel}").is_dir():
         return kernel
     from spark_memsaver.observe.snapshot import installed_kernels

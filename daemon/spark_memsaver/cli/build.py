@@ -48,11 +48,13 @@ def act(obj, op: str, progress, **kw) -> dict:
     from spark_memsaver.act import executor, installable
 
     local_only = kw.pop("_local_only", False)
+    # toward stock never waits for a valid config file (issue 35); build and install refuse an unusable one
+    config = obj.safety_config() if op in executor.SAFETY_OPS else obj.config
+    if kw.get("kernel"):       # a kernel release, as D-Bus checks it, before anything else (versions.release)
+        installable.check_kernel(obj.host, kw["kernel"])
     if kw.get("dry_run"):      # a plan changes nothing: no root, no daemon (act/dryrun.py, through perform)
-        return executor.perform(op, obj.host, obj.config, progress=progress, **kw)
+        return executor.perform(op, obj.host, config, progress=progress, **kw)
     if obj.host.is_live and os.geteuid() != 0:
-        if kw.get("kernel"):   # unknown-kernel (exit 2), as executor.perform says it, before the daemon is asked
-            installable.check_kernel(obj.host, kw["kernel"])
         if not local_only:
             from spark_memsaver.cli import client
             method = {"build": "Build", "install": "Install", "remove": "Remove", "rollback": "Rollback",
@@ -66,7 +68,7 @@ def act(obj, op: str, progress, **kw) -> dict:
                            "ask on your behalf",
                            remedy=f"Run it as root: '{_as_typed_with_sudo()}'; or start the daemon "
                                   "('sudo systemctl start spark-memsaverd.service') and retry as an authorized user.")
-    return executor.perform(op, obj.host, obj.config, progress=progress, **kw)
+    return executor.perform(op, obj.host, config, progress=progress, **kw)
 
 
 def _as_typed_with_sudo() -> str:

@@ -112,11 +112,16 @@ def register(root) -> None:
         # a package-manager door writes into apt's output and term.log: lines, never a live \r line
         say = None if as_json else (ProgressLines(tty=False, prefix="spark-memsaver: ") if (apt_pre or hook)
                                     else progress)
+        if not dry_run and not (apt_pre or hook):   # no root: refused before any lock, as typed with sudo
+            from spark_memsaver.act.executor import require_root
+            from spark_memsaver.cli.build import _as_typed_with_sudo
+            require_root(obj.host, "reconcile", _as_typed_with_sudo())
+        config = obj.safety_config()    # toward stock never waits for a valid config file (issue 35)
         if apt_pre:
             fd = int(os.environ.get("APT_HOOK_INFO_FD", "0") or 0)
             text = os.fdopen(os.dup(fd), errors="replace").read() if fd else sys.stdin.read()
             try:
-                doc = perform("apt-pre-install", obj.host, obj.config, progress=say, text=text)
+                doc = perform("apt-pre-install", obj.host, config, progress=say, text=text)
             except MemsaverError as e:  # never abort APT: the post step, the daemon and the guard follow
                 doc = {"ok": False, "error": e.to_dict(), "steps": []}
                 click.echo(f"spark-memsaver: pre-install check failed: {e.message}", err=True)
@@ -127,7 +132,7 @@ def register(root) -> None:
         if hook:
             try:
                 # a kernel hook names its kernel: only that kernel is built (never another kernel's rebuild)
-                doc = perform("reconcile", obj.host, obj.config, progress=say, inside_dpkg=True,
+                doc = perform("reconcile", obj.host, config, progress=say, inside_dpkg=True,
                               kernels=list(kernels) or None)
             except MemsaverError as e:
                 doc = {"ok": False, "acting": 0, "error": e.to_dict(), "steps": []}
@@ -136,7 +141,7 @@ def register(root) -> None:
             shown = [x for x in doc["steps"] if x["action"] in rc.ACTING or x["action"] == "stay-stock"]
             _emit(doc, as_json, ([f"spark-memsaver ({hook}):"] + step_lines(shown)) if shown else [])
             return 0
-        doc = perform("reconcile", obj.host, obj.config, progress=say, kernels=list(kernels) or None,
+        doc = perform("reconcile", obj.host, config, progress=say, kernels=list(kernels) or None,
                       rebuild=False if no_rebuild else None, dry_run=dry_run)
         from spark_memsaver.cli.build import hazard_note_lines, hazard_notes
         doc["notes"] = hazard_notes(obj.host)

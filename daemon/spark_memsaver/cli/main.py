@@ -34,7 +34,7 @@ def _set_global(ctx, param, value):
     obj = ctx.find_object(Context)
     if obj is not None:                     # the root group's callback ran (it runs before a command's parsing)
         setattr(obj, key, value)
-        obj._config = obj._host = None
+        obj._config = obj._safety = obj._host = None
         if param.name == "debug":
             logging.getLogger().setLevel(logging.DEBUG)
 
@@ -85,13 +85,17 @@ class SafeGroup(click.Group):
         # inside click's main, which would turn EPIPE into exit 1: a closed pipe is caught (and flushed) here
         try:
             rv = super().invoke(ctx)
-            sys.stdout.flush()
-            return rv
-        except BrokenPipeError:
+        except BrokenPipeError:      # a stream other than the sink's (a test runner's): the result is lost
             return _stdout_gone()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_gone()
+        return rv                    # the command's own exit code, whoever read its output
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
+        _status.pipe_safe_stdout()
         try:
             rv = super().main(*args, **kwargs)
             sys.exit(rv if isinstance(rv, int) else 0)

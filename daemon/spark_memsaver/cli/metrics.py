@@ -25,7 +25,7 @@ def register(cli) -> None:
 
         from spark_memsaver.host import events
 
-        doc, _ = run_status(obj.host, obj.config)
+        doc, _ = run_status(obj.host, obj.safety_config())   # a bad file: a finding, not a stop
         text = exposition(doc, events=events.read(obj.host))
         if output is None:
             click.echo(text, nl=False)

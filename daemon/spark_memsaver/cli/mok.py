@@ -81,7 +81,7 @@ def register(cli) -> None:
 
         Exit status: 0 enrolled or not needed, 1 not loadable yet (no-key, not-enrolled, pending-*, blocked),
         2 unknown."""
-        sb = secure_boot(obj.host, cert=cert, config=None if cert else obj.config)
+        sb = secure_boot(obj.host, cert=cert, config=None if cert else obj.safety_config())
         click.echo(json.dumps(sb, indent=2) if as_json else render_text(sb))
         return exit_code(sb)
 

@@ -26,14 +26,33 @@ class Context:
         self.config_path = config_path
         self.debug = debug
         self._config = None
+        self._safety = None
         self._host = None
 
     @property
     def config(self):
+        """The configuration, strictly: an unusable file is config-invalid (exit 2). What build, install,
+        activate and 'config show' act on."""
         if self._config is None:
             from spark_memsaver import config as cfg
             self._config = cfg.load(self.config_path, root=self.root)
         return self._config
+
+    def safety_config(self, announce: bool = True):
+        """The configuration of a safety path (rollback, remove, reconcile and the package-manager doors, status,
+        metrics, mok status): never stopped by the file. An unusable file gives the built-in defaults carrying
+        its error (config.load_for_safety), said once on stderr as a config-invalid warning (``announce``;
+        status shows it as its finding instead)."""
+        if self._safety is None:
+            from spark_memsaver import config as cfg
+            self._safety = cfg.load_for_safety(self.config_path, root=self.root)
+            bad = self._safety.invalid
+            if bad and announce:
+                echo(f"warning[config-invalid]: {bad['message']}; using the built-in defaults for what safety "
+                     "needs (nothing is built until the file is fixed)", err=True)
+                if bad.get("remedy"):
+                    echo(f"remedy: {bad['remedy']}", err=True)
+        return self._safety
 
     @property
     def host(self):
@@ -80,6 +99,66 @@ def stdout_gone() -> int:
     return 0
 
 
+class _PipeSink:
+    """fd 1 under the real stdout (a raw stream for io.BufferedWriter): a reader that went away ('status | true',
+    '--help | head -1') makes the rest go nowhere, and the command goes on to its own exit code (a warning is
+    still 1, --help still 0). Before, EPIPE became exit 0 inside a command (its code lost) and exit 1 in
+    click's --help."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.gone = False
+        self.closed = False
+
+    def readable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self.fd)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True          # fd 1 stays open: the interpreter's own stdout owns it
+
+    def write(self, b) -> int:
+        n = len(b)
+        if self.gone:
+            return n
+        try:
+            return os.write(self.fd, b)
+        except BrokenPipeError:
+            self.gone = True
+            stdout_gone()
+            return n
+
+
+def pipe_safe_stdout() -> None:
+    """Put the interpreter's own stdout (not a test runner's) over :class:`_PipeSink`."""
+    import io
+
+    out = sys.stdout
+    if out is None or out is not sys.__stdout__:
+        return
+    try:
+        fd = out.fileno()
+        out.flush()
+    except (OSError, ValueError):
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_PipeSink(fd)), encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering, write_through=True)
+
+
 def internal_error(e: BaseException) -> MemsaverError:
     err = MemsaverError(f"internal error: {type(e).__name__}: {e}",
                         remedy="Re-run with --debug and report the output as a bug.")
@@ -114,7 +193,7 @@ def run(obj: Context, as_json: bool, direct: bool, quiet: bool, verbose: bool) -
         raise UsageError(f"--quiet and {other} exclude each other",
                          remedy=f"Give one: 'spark-memsaver status --quiet' for the state as the exit status, or "
                                 f"'spark-memsaver status {other}' to print it.")
-    config = obj.config  # validate the config first: a bad file is exit 2
+    config = obj.safety_config(announce=False)  # an unusable file: one config-invalid finding, status goes on
     doc = None
     if not direct and obj.root == "/":
         try:
@@ -194,12 +273,16 @@ def lean(argv: list[str]) -> int | None:
     opts = parse(argv)
     if opts is None:
         return None
+    pipe_safe_stdout()
     try:
         setup_logging(False)
         obj = Context(opts.pop("root"), opts.pop("config_path"), False)
         rv = run(obj, **opts)
-        sys.stdout.flush()
-        return rv
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            stdout_gone()
+        return rv                    # the command's own exit code, whoever read its output
     except MemsaverError as e:
         emit_error(e)
         return e.exit_code

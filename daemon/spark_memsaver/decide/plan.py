@@ -123,11 +123,32 @@ def _intent_steps(snap, alive_pids: set[int] | None) -> tuple[list[Step], set[st
     return steps, touched
 
 
+AUTO_BUILD_OFF = "automatic builds are off (auto_build: false)"
+
+
+def no_rebuild(config: Config, rebuild: bool | None = None, why: str | None = None) -> tuple[str, str] | None:
+    """Why this plan builds nothing, as (reason, code), or None when it may build: a configuration file that
+    cannot be used (its error; never overridden), the caller's own reason for ``rebuild`` False (--no-rebuild,
+    dpkg still running), else ``auto_build: false`` when the caller left it to the configuration."""
+    bad = getattr(config, "invalid", None)
+    if bad:
+        where = ", ".join(str(x) for x in (bad.get("file"), bad.get("line") and f"line {bad['line']}") if x)
+        return (f"the configuration file cannot be used ({where or 'see status'}): only safety steps run until "
+                "it is fixed", "config-invalid")
+    if rebuild is False:
+        return (why or "only the safety steps were asked for (--no-rebuild)", "no-rebuild")
+    if rebuild is None and not config.auto_build:
+        return AUTO_BUILD_OFF, "auto-build-off"
+    return None
+
+
 def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[int] | None = None,
-         kernels: list[str] | None = None, rebuild: bool | None = None) -> list[Step]:
-    """The reconcile plan. ``kernels`` limits it to those releases; ``rebuild`` False plans only safety."""
+         kernels: list[str] | None = None, rebuild: bool | None = None, why: str | None = None) -> list[Step]:
+    """The reconcile plan. ``kernels`` limits it to those releases; ``rebuild`` False plans only safety (``why``:
+    the caller's reason, recorded); an invalid configuration (``config.invalid``) plans only safety too."""
     support = support or {}
-    rebuild = config.auto_build if rebuild is None else rebuild
+    off = no_rebuild(config, rebuild, why)
+    rebuild = off is None
     records = snap.records
     steps, undone = _intent_steps(snap, alive_pids)
     if any(s.action == "blocked" for s in steps):
@@ -152,7 +173,7 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
         if ours_.selection(k) == "consistent" and rel not in undone:
             if rb:
                 records_out.append(Step("clear-rollback", rel, "the patched module is back", driver_to=nv))
-            changed = config_change(k, snap, config, support, rebuild)
+            changed = config_change(k, snap, config, support, rebuild, off)
             if hold and changed is not None and changed.action == "build-install":
                 changed = Step("held", rel, f"{changed.reason.split('; ')[0]}; no rebuild: "
                                + holds.describe(hold, rel, running), remedy=holds.resume_command(hold, rel, running))
@@ -183,7 +204,8 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
                 steps.append(Step("held", rel, f"stays stock: {why}", driver_to=nv, code="held",
                                   remedy=holds.resume_command(hold, rel, running)))
             continue
-        stock = stock_reason(k, snap, config, support)
+        # an unusable configuration file: its error is the reason (the defaults' policy is no verdict on it)
+        stock = None if off and off[1] == "config-invalid" else stock_reason(k, snap, config, support)
         why, code, remedy = stock if stock else (None, None, "")
         no_retry = False
         if why is None and rb and rb.get("code") in NO_AUTO_RETRY and base_version(rb.get("driver_to")) == nv:
@@ -191,8 +213,9 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
                    "run 'sudo spark-memsaver install' to retry")
             code, remedy, no_retry = rb.get("code"), f"sudo spark-memsaver install --kernel {rel}", True
         if why is None and not rebuild:
-            why, code, remedy = ("automatic builds are off (auto_build: false)", "auto-build-off",
-                                 f"sudo spark-memsaver install --kernel {rel}")
+            why, code = off
+            remedy = (f"Fix the configuration file, then 'sudo spark-memsaver install --kernel {rel}'"
+                      if code == "config-invalid" else f"sudo spark-memsaver install --kernel {rel}")
         if why is None:
             builds.extend(_build_steps(k, snap, config, support, Step(
                 "build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
@@ -237,9 +260,14 @@ def build_record(snap, kernel: str) -> dict | None:
                  if isinstance(b, dict) and b.get("kernel") == kernel), None)
 
 
-def config_change(k, snap, config: Config, support: dict, rebuild: bool) -> Step | None:
+def config_change(k, snap, config: Config, support: dict, rebuild: bool,
+                  off: tuple[str, str] | None = None) -> Step | None:
     """For a kernel whose override is consistent: the step a configuration change since its build calls
-    for (rebuild, removal when the kernel left the policy, or an explanation), else None."""
+    for (rebuild, removal when the kernel left the policy, or an explanation), else None. ``off``: why no
+    rebuild (:func:`no_rebuild`)."""
+    if getattr(config, "invalid", None):
+        return None      # the built-in defaults stand in for an unusable file: they are no change to act on
+    off_why = (off or (AUTO_BUILD_OFF, ""))[0]
     rel = k.release
     nv = base_version(k.nvidia_selected.version) if k.nvidia_selected else None
     diff = policy.settings_changed(build_record(snap, rel), config)
@@ -252,14 +280,14 @@ def config_change(k, snap, config: Config, support: dict, rebuild: bool) -> Step
             return Step("remove-override", rel, f"configuration changed since the build ({what}): {why_policy}",
                         driver_from=nv, driver_to=nv, code="config-changed")
         return Step("config-changed", rel, f"configuration changed since the build ({what}): {why_policy}; "
-                    "automatic builds are off (auto_build: false)", driver_to=nv, code="config-changed",
+                    + off_why, driver_to=nv, code="config-changed",
                     remedy=f"sudo spark-memsaver remove --kernel {rel}")
     why = why_not_build(k, snap, config, support)
     if why is None and rebuild:
         return Step("build-install", rel, f"configuration changed since the build ({what}); rebuilding",
                     driver_from=nv, driver_to=nv, code="config-changed")
     return Step("config-changed", rel, f"configuration changed since the build ({what}); "
-                + (why or "automatic builds are off (auto_build: false)"), driver_to=nv, code="config-changed",
+                + (why or off_why), driver_to=nv, code="config-changed",
                 remedy=rebuild_command(rel))
 
 

@@ -179,7 +179,15 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
     rk = running.release if running else host.kernel
     decision = inst_mod.installability(snap, config, support, rk) if rk else None
 
-    # 0. Configuration notes (an old name still read).
+    # 0. A configuration file that cannot be used (config.load_for_safety): one finding, file and line; the
+    #    built-in defaults stand in for what safety needs, and nothing is built until it is fixed.
+    bad = getattr(config, "invalid", None)
+    if bad:
+        f.append(Finding("config-invalid", "warning",
+                         f"{bad.get('message')}. The built-in defaults are in force for what safety needs "
+                         "(removals, rollbacks, status); nothing is built or installed until the file is fixed.",
+                         bad.get("remedy") or "Fix the file or remove it to use the defaults."))
+    # 0b. Configuration notes (an old name still read).
     for note in getattr(config, "notes", ()) or ():
         f.append(Finding("config-renamed", "info", note[0].upper() + note[1:] + ".",
                          "Nothing to do; write the new name in the file to silence this note."))

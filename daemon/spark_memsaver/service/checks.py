@@ -13,14 +13,10 @@ import os
 import re
 import stat
 
-from spark_memsaver.errors import UsageError
+from spark_memsaver import versions
+from spark_memsaver.errors import InvalidArgument  # noqa: F401  (re-exported: D-Bus's Error.InvalidArgument)
 
-
-class InvalidArgument(UsageError):
-    code = "invalid-argument"
-
-
-KERNEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}")
+KERNEL_RE = versions.KERNEL_RE      # the one kernel-release check, shared with every CLI --kernel
 DRIVER_RE = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
 REASON_MAX = 200
 CERT_MAX_BYTES = 1 << 20          # a DER or PEM certificate is a few KiB; mok reads at most 1 MiB too
@@ -35,10 +31,7 @@ def bad_chars(text: str) -> list[str]:
 
 
 def kernel(v: str) -> str:
-    if not KERNEL_RE.fullmatch(v):
-        raise InvalidArgument(f"'kernel' is not a kernel release: {v!r}",
-                              remedy="Give a release as listed under /lib/modules, e.g. 6.14.0-1015-nvidia-64k.")
-    return v
+    return versions.release(v)
 
 
 def driver(v: str) -> str:

@@ -27,7 +27,8 @@ from spark_memsaver.service import names, redact
 log = logging.getLogger("spark_memsaver.service.daemon")
 
 STOP_WAIT_S = 60   # on SIGTERM, how long a running job may take to finish before we exit anyway
-REMOVAL_OPS = ("remove", "rollback")   # toward stock: may run on the last good config when the file is bad
+# toward stock: run on the last good config when the file is bad (a reconcile then plans safety steps only)
+REMOVAL_OPS = ("remove", "rollback", "reconcile")
 FETCH_POLL_S = 2   # while a deferred driver-source fetch waits for apt/dpkg to exit: how often to look
 
 
@@ -278,9 +279,11 @@ class Daemon:
 
         try:
             return cfg.load(self.config_path, root=self.root)
-        except ConfigError:
-            if op in REMOVAL_OPS:   # toward stock is always safe: act on the last good config
-                return self.config.to_config() if self.config is not None else cfg.Config()
+        except ConfigError as e:
+            if op in REMOVAL_OPS:   # toward stock is always safe: the last good config, marked (no builds)
+                from spark_memsaver.record import replace
+                good = self.config.to_config() if self.config is not None else cfg.Config()
+                return replace(good, invalid=cfg.invalid_dict(e))
             raise
 
     def start_operation(self, op: str, kwargs: dict, caller) -> int:

@@ -31,7 +31,7 @@ def _config_from(d: dict | None):
 
 
 def config_dict(c) -> dict:
-    d = {k: getattr(c, k) for k in c._FIELDS}
+    d = {k: getattr(c, k) for k in c._FIELDS if k != "invalid"}
     d["notes"] = list(d.get("notes") or ())
     return d
 
@@ -84,15 +84,19 @@ def child(root: str, config_path: str | None, fallback: dict | None) -> dict:
     from spark_memsaver.service.jobs import error_dict
 
     out = {"config": None, "config_error": None, "doc": None, "error": None}
+    bad = None
     try:
         c = cfg.load(config_path, root=root)
     except MemsaverError as e:
         out["config_error"] = error_dict(e)
         c = _config_from(fallback)
+        bad = cfg.invalid_dict(e) if isinstance(e, cfg.ConfigError) else None
     out["config"] = config_dict(c)
     try:
+        from spark_memsaver.record import replace
         from spark_memsaver.report.document import status_of as status
-        out["doc"], _verdict = status(Host(root), c)
+        # the document says the file is unusable (one config-invalid finding), over the config in force
+        out["doc"], _verdict = status(Host(root), replace(c, invalid=bad) if bad else c)
     except MemsaverError as e:
         out["error"] = error_dict(e)
     except Exception as e:   # a bug: report it as a named internal error, never a silent empty status
