@@ -39,7 +39,8 @@ def test_wrong_values_name_file_key_and_expectation(tmp_path, text, key, expecte
     with pytest.raises(ConfigError) as e:
         cfg.load(str(p))
     assert str(p) in e.value.message and key in e.value.message and expected in e.value.message
-    r = cli("--config", str(p), "status")
+    assert e.value.details["line"] == 1 and f"{p}, line 1: " in e.value.message
+    r = cli("--config", str(p), "build", "--dry-run")       # build and install refuse an unusable file
     assert r.returncode == 2
     assert key in r.stderr and str(p) in r.stderr and "remedy:" in r.stderr
     assert "Traceback" not in r.stderr
@@ -60,18 +61,23 @@ def test_tier_256_accepted_as_number_or_string(tmp_path):
 def test_not_yaml(tmp_path, text, needle):
     p = tmp_path / "config.yaml"
     p.write_bytes(text if isinstance(text, bytes) else text.encode())
-    r = cli("--config", str(p), "status", "--json")
+    r = cli("--config", str(p), "install", "--dry-run", "--json")
     assert r.returncode == 2, r.stdout
     import json
     err = json.loads(r.stdout)["error"]
     assert err["code"] == "config-invalid" and needle in err["message"] and str(p) in err["message"]
+    # status goes on over the built-in defaults and says it once (issue 35)
+    r = cli("--config", str(p), "status", "--json", "--direct")
+    assert r.returncode != 2 and "Traceback" not in r.stderr, r.stderr
+    bad = [f for f in json.loads(r.stdout)["findings"] if f["code"] == "config-invalid"]
+    assert len(bad) == 1 and needle in bad[0]["message"] and str(p) in bad[0]["message"], bad
 
 
 def test_missing_explicit_file_and_env(tmp_path):
     missing = tmp_path / "nope.yaml"
-    r = cli("--config", str(missing), "status")
+    r = cli("--config", str(missing), "install", "--dry-run")
     assert r.returncode == 2 and "not found" in r.stderr
-    r = cli("status", env={"SPARK_MEMSAVER_CONFIG": str(missing)})
+    r = cli("install", "--dry-run", env={"SPARK_MEMSAVER_CONFIG": str(missing)})
     assert r.returncode == 2 and str(missing) in r.stderr
 
 
@@ -84,8 +90,8 @@ def test_unreadable_file(tmp_path):
         os.chmod(p, stat.S_IRUSR)
         p.unlink()
         p.mkdir()
-    r = cli("--config", str(p), "status")
-    assert r.returncode == 2 and "cannot read" in r.stderr
+    r = cli("--config", str(p), "install", "--dry-run")
+    assert r.returncode == 2 and ("cannot read" in r.stderr or "not a regular file" in r.stderr), r.stderr
 
 
 def test_empty_file_means_defaults(tmp_path):

@@ -111,6 +111,9 @@ def _variants() -> dict:
         Path(d, "config.yaml").write_text("tier: 4k\n")
         from spark_memsaver import config as cfg
         v("config_renamed", lambda s: None, cfg.load(str(Path(d, "config.yaml"))))
+        # a file that cannot be used: the defaults carry its error (the real loader of the safety paths)
+        Path(d, "bad.yaml").write_text("tier: [oops\n")
+        v("config_invalid", lambda s: None, cfg.load_for_safety(str(Path(d, "bad.yaml"))))
     return out
 
 
