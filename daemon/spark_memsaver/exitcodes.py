@@ -9,7 +9,7 @@ from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1          # a problem was found, or the operation was refused (a missing piece: dkms, headers ...)
-EXIT_USAGE = 2            # bad usage, bad configuration, or inspection impossible
+EXIT_USAGE = 2            # bad usage, bad configuration (build/install), or inspection impossible
 EXIT_FAILED = 3           # the operation failed midway (a recovery record explains)
 EXIT_NOT_APPLICABLE = 4   # nothing to do on this host (no NVIDIA driver, a kernel outside the policy, no GPU)
 
@@ -18,8 +18,10 @@ TABLE = (
     (EXIT_OK, "consistent, or the operation was done"),
     (EXIT_PROBLEM, "a problem was found, or the operation was refused; the message says why and what to do "
                    "(a missing piece such as dkms or the kernel's headers is a refusal)"),
-    (EXIT_USAGE, "bad usage, bad configuration, or inspection impossible (a `--kernel` that is not installed is "
-                 "`unknown-kernel`, exit 2, in every command)"),
+    (EXIT_USAGE, "bad usage, bad configuration for `build`, `install`, `activate` and `config show` (the way back "
+                 "-- `rollback`, `remove`, `reconcile`, the package-manager doors -- and `status`, `metrics`, "
+                 "`mok status` go on with the built-in defaults and one `config-invalid` finding), or inspection "
+                 "impossible (a `--kernel` that is not installed is `unknown-kernel`, exit 2, in every command)"),
     (EXIT_FAILED, "the operation failed midway; a recovery record was left and `status` explains it"),
     (EXIT_NOT_APPLICABLE, "not applicable on this host (`validate`: no CUDA driver or GPU; `status --quiet`: "
                           "no NVIDIA driver, or a kernel outside the policy)"),
@@ -39,7 +41,7 @@ QUIET_STATE = {
 QUIET_TABLE = (
     (EXIT_OK, "active, stock, built or installed, and no warning"),
     (EXIT_PROBLEM, "needs-attention, or one of those above with a warning (as plain `status`)"),
-    (EXIT_USAGE, "inspection impossible, bad usage or bad configuration"),
+    (EXIT_USAGE, "inspection impossible or bad usage (a bad configuration is a `config-invalid` warning: 1)"),
     (EXIT_NOT_APPLICABLE, "not-applicable"),
     (5, "rolled-back"),
     (6, "unverified"),
