@@ -15,7 +15,7 @@ from spark_memsaver.errors import MemsaverError, SecureBootUnknown
 from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
-from spark_memsaver.act.dkms_errors import InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
+from spark_memsaver.act.dkms_errors import DkmsMissing, InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
 from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
@@ -264,8 +264,12 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
     """Uninstall and unregister our module for the kernel(s); restore and VERIFY the stock module."""
     _require_root(host)
     progress = progress or _noop
-    dkms_version(host)
-    recovered = recover_broken(host, config)
+    try:
+        dkms_version(host)
+        have_dkms = True
+    except DkmsMissing:      # toward stock never waits for dkms: our files go, the stock module is restored and
+        have_dkms = False    # verified by hand; DKMS's own record of ours (files in its tree) waits for dkms
+    recovered = recover_broken(host, config) if have_dkms else []
     kernels, _ = _target_kernels(host, config, kernel, all_kernels, for_remove=True)
     if kernel and not any(kernel in kernels_of(host, v) or installed_version(host, kernel)
                           for v in registered_versions(host)) \
@@ -277,7 +281,7 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
     done, restored = [], []
     for i, k in enumerate(kernels):
         progress(i / max(1, len(kernels)), f"removing from {k}")
-        for ver in registered_versions(host):
+        for ver in registered_versions(host) if have_dkms else ():
             if installed_version(host, k) == ver:
                 _uninstall_kernel(host, ver, k)
                 done.append({"kernel": k, "dkms_version": ver, "action": "uninstalled"})
@@ -293,7 +297,7 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
         host.path(_stock_record_path(k)).unlink(missing_ok=True)
         host.path(paths.legacy_stock_record(k)).unlink(missing_ok=True)     # an older text one, if any
         shutil.rmtree(host.path(f"{STATE_DIR}/original/{k}"), ignore_errors=True)
-    for ver in registered_versions(host):
+    for ver in registered_versions(host) if have_dkms else ():
         _drop_if_empty(host, ver)
     progress(1.0, "removed")
     return {"removed": done, "restored": restored, "recovered": recovered,
