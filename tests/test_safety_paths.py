@@ -139,9 +139,8 @@ def spark(tmp_path_factory):
 def test_every_cli_kernel_goes_through_the_dbus_check(spark, argv, kernel):
     """Before: 'remove --kernel ../../etc' wrote holds/.._.._etc.json and ran depmod with that name (D-Bus refused
     it). Now the CLI refuses it with D-Bus's own error (versions.release, service/checks.kernel calls it)."""
-    from spark_memsaver.errors import InvalidArgument
     from spark_memsaver.service import checks
-    with pytest.raises(InvalidArgument) as dbus:
+    with pytest.raises(checks.InvalidArgument) as dbus:
         checks.kernel(kernel)
     r = cli("--root", str(spark), *argv, "--kernel", kernel, "--json")
     err = json.loads(r.stdout)["error"]
