@@ -195,3 +195,42 @@ def test_a_closed_pipe_keeps_the_commands_exit_code(tmp_path):
         assert _closed_pipe(base + ["--root", str(root), "status", "--json"]) == 1
         assert _closed_pipe(base + ["--help"]) == 0
         assert _closed_pipe(base + ["reconcile", "--help"]) == 0
+
+
+# --- item 1: the readers beside status, and spark-memsaverd's side ----------------------------------------
+
+def test_metrics_and_mok_status_go_on_with_an_unusable_file(tmp_path):
+    """Before: both stopped with config-invalid, exit 2."""
+    root = sparkroot.make_spark_root(tmp_path / "root")
+    (root / "etc/spark-memsaver").mkdir(parents=True, exist_ok=True)
+    (root / "etc/spark-memsaver/config.yaml").write_text("tier: [oops\n")
+    for argv, code in ((["metrics"], 0), (["mok", "status"], 0), (["mok", "status", "--json"], 0)):
+        r = cli("--root", str(root), *argv)
+        assert r.returncode == code and r.stderr.count("warning[config-invalid]") == 1, (argv, r.returncode, r.stderr)
+        assert "config.yaml: not valid YAML (line 2" in r.stderr, r.stderr
+    assert "spark_memsaver_info{" in cli("--root", str(root), "metrics").stdout
+
+
+def test_the_daemons_status_child_and_reconcile_job_keep_going(tmp_path):
+    """spark-memsaverd: its status document names the unusable file (one finding) over the config in force, and
+    its reconcile job runs on the last good config marked invalid (no builds) instead of failing -- before, a
+    stale override stayed until the file was fixed."""
+    root = sparkroot.make_spark_root(tmp_path / "root", ours_installed="580.95.05")
+    bad = tmp_path / "config.yaml"
+    bad.write_text("interval: fast\n")
+    r = subprocess.run(["/usr/bin/python3", "-m", "spark_memsaver.service.statusproc", "--root", str(root),
+                        "--config", str(bad)], input=json.dumps({"interval": 30}), capture_output=True, text=True,
+                       env=ENV, timeout=120)
+    ans = json.loads(r.stdout)
+    assert ans["config_error"]["code"] == "config-invalid" and ans["config"]["interval"] == 30, ans["config"]
+    assert "invalid" not in ans["config"]
+    found = [f for f in ans["doc"]["findings"] if f["code"] == "config-invalid"]
+    assert len(found) == 1 and f"{bad}, line 1" in found[0]["message"], found
+    from types import SimpleNamespace
+    from spark_memsaver.service import daemon as d
+    from spark_memsaver.service.statusproc import Settings, config_dict
+    me = SimpleNamespace(config_path=str(bad), root=str(root), config=Settings(config_dict(cfg.Config(interval=30))))
+    job = d.Daemon._job_config(me, "reconcile")
+    assert job.interval == 30 and job.invalid and job.invalid["line"] == 1, job
+    from spark_memsaver.decide.plan import no_rebuild
+    assert no_rebuild(job)[1] == "config-invalid"
