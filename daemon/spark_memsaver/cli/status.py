@@ -11,6 +11,7 @@ differ on a line only click reads, and tests/test_lean_entry.py compares the two
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -99,37 +100,24 @@ def stdout_gone() -> int:
     return 0
 
 
-class _PipeSink:
-    """fd 1 under the real stdout (a raw stream for io.BufferedWriter): a reader that went away ('status | true',
-    '--help | head -1') makes the rest go nowhere, and the command goes on to its own exit code (a warning is
-    still 1, --help still 0). Before, EPIPE became exit 0 inside a command (its code lost) and exit 1 in
-    click's --help."""
+class _PipeSink(io.RawIOBase):
+    """fd 1 under the real stdout: a reader that went away ('status | true', '--help | head -1') makes the rest
+    go nowhere, and the command goes on to its own exit code (a warning is still 1, --help still 0). Before,
+    EPIPE became exit 0 inside a command (its code lost) and exit 1 in click's --help."""
 
     def __init__(self, fd: int):
+        super().__init__()
         self.fd = fd
         self.gone = False
-        self.closed = False
-
-    def readable(self) -> bool:
-        return False
 
     def writable(self) -> bool:
         return True
-
-    def seekable(self) -> bool:
-        return False
 
     def fileno(self) -> int:
         return self.fd
 
     def isatty(self) -> bool:
         return os.isatty(self.fd)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True          # fd 1 stays open: the interpreter's own stdout owns it
 
     def write(self, b) -> int:
         n = len(b)
@@ -145,8 +133,6 @@ class _PipeSink:
 
 def pipe_safe_stdout() -> None:
     """Put the interpreter's own stdout (not a test runner's) over :class:`_PipeSink`."""
-    import io
-
     out = sys.stdout
     if out is None or out is not sys.__stdout__:
         return
