@@ -122,6 +122,22 @@ def test_every_command_without_root_refuses_before_any_lock(argv):
     assert (lock.stat().st_mtime_ns if lock.exists() else None) == before
 
 
+def test_metrics_output_without_root_is_refused_by_name():
+    """Before: internal-error PermissionError, exit 3."""
+    needs.require("setpriv")
+    needs.root("becoming nobody with setpriv")
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="sm-metrics-", dir="/tmp"))    # root's, 0755: readable, not writable by nobody
+    try:
+        d.chmod(0o755)
+        out = d / "spark-memsaver.prom"
+        r = cli("metrics", "--output", str(out), prefix=NOBODY, cwd="/")      # the live system, as nobody
+        assert r.returncode == 1 and "error[not-permitted]" in r.stderr, r.stderr
+        assert f"sudo spark-memsaver metrics --output {out}" in r.stderr and not out.exists(), r.stderr
+    finally:
+        shutil.rmtree(d)
+
+
 # --- item 7: one kernel check for every door ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")

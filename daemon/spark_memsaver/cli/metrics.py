@@ -31,5 +31,17 @@ def register(cli) -> None:
             click.echo(text, nl=False)
             return 0
         from spark_memsaver.host.fsutil import atomic_write
-        atomic_write(output, text, 0o644)
+        try:
+            atomic_write(output, text, 0o644)
+        except PermissionError as e:      # not root (or not the file's owner): refused, never internal-error
+            import shlex
+            import sys
+            from spark_memsaver.errors import NotPermitted
+            raise NotPermitted(f"cannot write {output}: {e.strerror}",
+                               remedy="Run it as a user who may write there: 'sudo spark-memsaver "
+                                      + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "'.")
+        except OSError as e:
+            from spark_memsaver.errors import UsageError
+            raise UsageError(f"cannot write {output}: {e.strerror or e}",
+                             remedy="Give a file in an existing, writable directory with --output.")
         return 0
