@@ -3,7 +3,7 @@
 Each safety path -- rollback, remove, the APT door's removal before a driver upgrade, reconcile's removal of a
 stale override, status -- on a Spark-shaped root (tests/support/sparkroot.py: real ELF modules, real depmod, real
 DKMS) with one broken input: six config shapes and a hostile one (a FIFO), four corrupt records (one shape each on
-another kind), dkms missing, modprobe missing, a read-only /var/lib/spark-memsaver. After it, the module kmod
+another kind), dkms missing, modprobe missing, a read-only or full /var/lib/spark-memsaver. After it, the module kmod
 selects is stock or built for the nvidia.ko beside it (status changes nothing), and the fault is named: status's
 findings, or for what status cannot see (a read-only state directory) the command's own result.
 
@@ -228,7 +228,7 @@ def _without(tool: str, tmp: Path) -> str:
     return f"mount --bind /usr/sbin {real}; mount --bind {shadow} /usr/sbin; ! command -v {tool}"
 
 
-ENV_FAULTS = ("dkms-missing", "modprobe-missing", "var-lib-read-only")
+ENV_FAULTS = ("dkms-missing", "modprobe-missing", "var-lib-read-only", "var-lib-full")
 
 
 @pytest.mark.parametrize("fault", ENV_FAULTS)
@@ -244,8 +244,11 @@ def test_safety_path_with_a_broken_environment(templates, tmp_path, path, fault)
         setup = _without("dkms", tmp_path)
     elif fault == "modprobe-missing":
         setup = _without("modprobe", tmp_path)
-    else:
+    elif fault == "var-lib-read-only":
         setup = f"mount --bind {root / STATE} {root / STATE}; mount -o remount,bind,ro {root / STATE}"
+    else:                         # a small tmpfs, filled: every record write fails with ENOSPC
+        setup = (f"mount -t tmpfs -o size=64k,mode=0755 tmpfs {root / STATE}; "
+                 f"cat /dev/zero > {root / STATE}/filler 2>/dev/null || true")
     before = _safe_module(root, check=False)
     _t, argv, stdin = PATHS[path]
     r = _unshared(root, setup, argv, templates[stdin] if stdin else None)
@@ -256,7 +259,7 @@ def test_safety_path_with_a_broken_environment(templates, tmp_path, path, fault)
     if fault == "dkms-missing":   # on the stale node status leads with what to do first: the mismatch, whose
         # remedy (reconcile) works without dkms (the reconcile-stale row); everywhere else it names dkms
         assert "dkms-missing" in codes or path == "status" and codes[0] == "override-driver-mismatch", codes
-    elif fault == "var-lib-read-only" and path != "status":
+    elif fault.startswith("var-lib") and path != "status":
         doc = json.loads(r.stdout)     # status cannot see a record that was never written: the result says it
-        assert doc.get("record_problems") and any("Read-only file system" in json.dumps(p)
-                                                  for p in doc["record_problems"]), doc
+        why = "Read-only file system" if fault == "var-lib-read-only" else "No space left on device"
+        assert doc.get("record_problems") and any(why in json.dumps(p) for p in doc["record_problems"]), doc
