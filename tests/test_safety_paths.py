@@ -72,6 +72,18 @@ def test_size_depth_and_anchors_are_capped(tmp_path, text, needle):
     assert needle in e.value.message and e.value.details["file"] == str(p), e.value.message
 
 
+@pytest.mark.parametrize("text", ["? [1, 2]\n: x\n", "{[1]: 2}\n", "1: 2\n", "tier: !!binary aGVsbG8=\n",
+                                  "tier: !!python/object:os.system x\n", "a: &x 1\nb: *x\n", "\ufefftier: [\n",
+                                  "tier: \x00\n"])
+def test_odd_documents_are_named_config_errors(tmp_path, text):
+    """Keys that are lists or numbers, tags, anchors, a BOM, a NUL: a ConfigError naming the file, nothing else."""
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        cfg.load(str(p))
+    assert str(p) in e.value.message and len(e.value.message) < 400, e.value.message
+
+
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     """A FIFO at the config path: before, open() waited for a writer for ever (every reader, the hooks too)."""
     p = tmp_path / "config.yaml"

@@ -151,7 +151,8 @@ def parse(text: str, source: str) -> Config:
                             f"found {type(data).__name__}", 1)
     lines = {}
     for k, _v in node.value:
-        lines.setdefault(getattr(k, "value", None), k.start_mark.line + 1)
+        if isinstance(getattr(k, "value", None), str):       # a scalar key (a list as a key has no name)
+            lines.setdefault(k.value, k.start_mark.line + 1)
     values = {}
     notes = []
     for key, value in data.items():
