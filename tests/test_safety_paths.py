@@ -134,6 +134,27 @@ def test_every_command_without_root_refuses_before_any_lock(argv):
     assert (lock.stat().st_mtime_ns if lock.exists() else None) == before
 
 
+def test_the_executor_refuses_without_root_for_every_door():
+    """D-Bus runs as root; any other door that reaches executor.perform unprivileged (a hook run by hand) is
+    refused there too, before the lock; the package-manager door says so and never fails its caller."""
+    needs.require("setpriv")
+    needs.root("becoming nobody with setpriv")
+    code = ("from spark_memsaver.act import executor\nfrom spark_memsaver.config import Config\n"
+            "from spark_memsaver.host import Host\nfrom spark_memsaver.errors import NotPermitted\n"
+            "for op in ('reconcile', 'remove', 'rollback', 'install', 'build'):\n"
+            "    try:\n        executor.perform(op, Host('/'), Config())\n"
+            "    except NotPermitted as e:\n        print(op, e.code, e.remedy)\n")
+    r = subprocess.run([*NOBODY, "/usr/bin/python3", "-c", code], capture_output=True, text=True, env=ENV, cwd="/",
+                       timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[:2] for ln in lines] == [[op, "not-permitted"] for op in
+                                               ("reconcile", "remove", "rollback", "install", "build")], r.stdout
+    assert all("'sudo spark-memsaver " in ln for ln in lines), lines
+    r = cli("reconcile", "--hook", "dpkg", prefix=NOBODY, cwd="/")
+    assert r.returncode == 0 and "needs root" in r.stderr and "internal-error" not in r.stderr, r.stderr
+
+
 def test_metrics_output_without_root_is_refused_by_name():
     """Before: internal-error PermissionError, exit 3."""
     needs.require("setpriv")
