@@ -32,7 +32,7 @@ DRIVER = "550.163.01"
 
 RUNTIME_DEPENDS = ("python3", "python3-pydbus", "python3-gi", "python3-psutil", "python3-pyudev",
                    "python3-jinja2", "python3-click", "python3-yaml", "dkms", "kmod", "patch", "openssl",
-                   "mokutil", "make", "gcc", "dbus", "zstd")
+                   "mokutil", "keyutils", "make", "gcc", "dbus", "zstd")
 # the oldest dkms whose behaviour the code relies on (docs/distributions.md): Debian 12's 3.0.10-8 carries
 # BUILD_EXCLUSIVE_CONFIG and exit 77 for an excluded kernel, which upstream has from 3.0.11 on
 DKMS_DEPENDS = "dkms (>= 3.0.10-8)"

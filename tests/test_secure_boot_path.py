@@ -292,6 +292,33 @@ def test_trust_unknown_without_system_keyrings_or_proc_keys(tmp_path):
     assert sb["kernel"]["trusted_by_kernel"] == "unknown"
 
 
+# a key that uid 65534 added to its own session keyring with our certificate's description and made visible to
+# everyone, as root's /proc/keys then lists it (captured on this machine's kernel after, as nobody,
+# `keyctl padd asymmetric "<CN>: <SKID>" @s < untrusted-key.der` and `keyctl setperm <id> 0x3f3f3f3f`)
+NOBODYS_KEY = ("02c88047 I--Q---     1 perm 3f3f3f3f 65534 65534 asymmetri spark-memsaver test fleet key: "
+               "9c2065e7417d5fd9c35dff1d0f099fe6121f25b2: X509.rsa 121f25b2 []\n")
+
+
+def test_a_key_of_another_uid_is_never_trusted_by_the_kernel(tmp_path):
+    """Issue 35 item 8: only root's keys count. Before, any uid's key with our description made status say
+    'trusted by the running kernel: yes' (and the activation loadable) where keyctl is not installed."""
+    text = (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text() + NOBODYS_KEY
+    root = _kernel_root(tmp_path / "r", FIX / "untrusted-key.pem", text)
+    sb = world.secure_boot(Host(root))
+    assert sb["kernel"]["key_description"] == NOBODYS_KEY.split("asymmetri ")[1].split(": X509")[0]
+    assert sb["kernel"]["trusted_by_kernel"] == "no" and sb["kernel"]["key_loaded"] is False
+    assert sb["state"] == "enrolled" and not sb["loadable"], sb
+    assert "mok-not-trusted-by-kernel" in {x.code for x in verdict(root).findings}
+    r = cli(_kernel_root(tmp_path / "s", FIX / "untrusted-key.pem", text), "status")
+    assert "trusted by the running kernel: no" in r.stdout, r.stdout
+    # the same line owned by root (a key the kernel loaded) counts: the uid, not the text, decides
+    as_root = NOBODYS_KEY.replace(" 65534 65534 ", "     0     0 ")
+    sb = world.secure_boot(Host(_kernel_root(tmp_path / "t", FIX / "untrusted-key.pem",
+                                             (FIX / "debian-7.3.4-arm64-efi-db.txt").read_text() + as_root)))
+    assert sb["kernel"]["trusted_by_kernel"] == "yes" and sb["kernel"]["key_loaded"] is True
+    assert "keyutils" in sb["kernel"]["trust_reason"]
+
+
 # --- MokManager's countdown: finite unless --wait-at-console is chosen ------------------------------------
 
 @pytest.mark.parametrize("args", [("--console-timeout", "0"), ("--console-timeout", "32768"),

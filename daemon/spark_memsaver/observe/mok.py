@@ -231,11 +231,16 @@ def parse_lockdown(text: str | None) -> str | None:
 
 
 def parse_proc_keys(text: str) -> tuple[dict, list]:
-    """/proc/keys -> ({keyring name: (id, count)}, [(id, description)] of asymmetric keys)."""
+    """/proc/keys -> ({keyring name: (id, count)}, [(id, description)] of asymmetric keys).
+
+    Only keys and keyrings owned by uid 0 count: the kernel's system keyrings and the keys it loads into them
+    (built in, from firmware, from MokListRT) belong to root, while any local user may add an asymmetric key
+    with any description to a keyring of its own (``keyctl padd asymmetric "<CN>: <SKID>" @s``), and root's
+    /proc/keys lists it too."""
     rings, keys = {}, []
     for line in text.splitlines():
         parts = line.split(None, 8)
-        if len(parts) < 9:
+        if len(parts) < 9 or parts[5] != "0":
             continue
         kid, ktype, desc = parts[0], parts[7], parts[8]
         if ktype == "keyring" and desc.startswith("."):
@@ -299,7 +304,8 @@ def kernel_trust(rings: dict, ids: list, key_in: list | None) -> tuple[str, str]
     if not ids:
         return "no", "no key with our certificate's description is in the kernel's keyrings (/proc/keys)"
     if key_in is None:
-        return "yes", "our certificate's key is loaded in a kernel keyring (/proc/keys; keyctl not available to say which)"
+        return "yes", ("a key of root's with our certificate's description is loaded (/proc/keys; keyctl, of "
+                       "keyutils, is not installed to say which keyring holds it)")
     if key_in:
         return "yes", "our certificate's key is in " + ", ".join(key_in) + (
             " (Ubuntu's and Debian's kernels check modules against .platform too)" if key_in == [".platform"] else "")
