@@ -4,15 +4,20 @@
   the GLib loop (issue 12 defect 6): the caller's uid (``GetConnectionUnixUser``, cached per unique name,
   which the bus never reuses) and polkit's ``CheckAuthorization`` are asynchronous Gio calls; the method
   reply is sent from their callbacks. Property reads and signals never wait on them. At most
-  ``MAX_PENDING_POLKIT`` polkit checks (and ``MAX_PENDING_IDENTIFY`` uid lookups) are in flight; one more is
-  refused at once with :class:`TooManyAuthorizations`. Root needs no polkit slot.
+  ``MAX_PENDING_POLKIT`` polkit checks are in flight; one more is refused at once with
+  :class:`TooManyAuthorizations`. Root needs no polkit slot.
 - :class:`DenialLog` rate-limits what denials write to the log (defect 10): the first denial of a sender is
   logged, the rest of an interval are counted and summed up in one line per sender per interval; the table
   of senders is bounded.
-- :class:`ReadLimiter`: the open reads (``GetStatus``, ``GetHistory``, ``GetHistorySince``, ``GetEvents``, ``GetJob``) cost
-  main-loop time (a history reply ~11 ms at the defaults); each sender (unique name) gets a token bucket of
-  ``READ_BURST`` calls refilled at ``READ_RATE`` a second, uid 0 is not limited, the table is bounded. One
-  more call is refused at once with :class:`RateLimited` (logged like a denial: once, then summed up).
+- The read limits (per uid, one budget shared by all non-root callers, refusals answered late) are in
+  ``limits``.
+- Identification is shared and queued, never refused for want of a slot (issue 35 item 5): every call of a
+  sender not yet identified waits on ONE ``GetConnectionUnixUser`` lookup of that sender; at most
+  ``MAX_PENDING_IDENTIFY`` lookups are in flight, the next senders wait in order behind them (the bus answers
+  them at once: a wait of milliseconds), and only past ``MAX_WAITING_IDENTIFY`` senders (more connections than
+  dbus-daemon lets 16 users open, 256 each) is a call refused. A hundred connections of one user therefore
+  delay root's first call by the time the bus takes to name them, and never refuse it; once identified, each
+  uid's reads are limited per uid (``limits.ReadLimiter``), whatever number of connections it spreads them on.
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ import time
 
 from spark_memsaver.errors import Busy, NotPermitted
 from spark_memsaver.service import names
+from spark_memsaver.service.limits import READ_BURST, READ_RATE, RateLimited, ReadLimiter  # noqa: F401
 
 log = logging.getLogger("spark_memsaver.dbus")
 
-READ_RATE = 5.0           # open reads per second and sender, sustained
-READ_BURST = 20           # ... and at once
 MAX_PENDING_POLKIT = 16
-MAX_PENDING_IDENTIFY = 64
-UID_CACHE = 256
+MAX_PENDING_IDENTIFY = 64        # uid lookups in flight at once
+MAX_WAITING_IDENTIFY = 4096      # senders queued behind them
+MAX_CALLS_PER_SENDER = 256       # calls of one unidentified sender waiting on its lookup (the bus allows 128)
+UID_CACHE = 4096
 BUS_TIMEOUT_MS = 5000
 
 
@@ -42,40 +48,6 @@ class TooManyAuthorizations(Busy):
     code = "too-many-authorizations"
     remedy = ("polkitd is slow to answer; retry in a few seconds, or run the command as root. "
               "'systemctl status polkit' shows whether it hangs.")
-
-
-class RateLimited(Busy):
-    code = "rate-limited"
-    remedy = (f"Call the daemon's reads at most {READ_RATE:.0f} times a second (bursts of {READ_BURST}), or "
-              "watch the PropertiesChanged and JobFinished signals instead of polling.")
-
-
-class ReadLimiter:
-    """Token buckets per sender; ``allow(sender, uid)`` spends one token or says no. ``clock`` injectable."""
-
-    def __init__(self, rate: float = READ_RATE, burst: int = READ_BURST, max_senders: int = 1024,
-                 clock=time.monotonic):
-        self.rate, self.burst, self.max_senders, self.clock = rate, burst, max_senders, clock
-        self._b: collections.OrderedDict[str, list] = collections.OrderedDict()   # sender -> [tokens, t]
-
-    def allow(self, sender: str | None, uid) -> bool:
-        if uid == 0:
-            return True
-        now = self.clock()
-        key = sender or ""
-        b = self._b.get(key)
-        if b is None:
-            b = self._b[key] = [float(self.burst), now]
-            while len(self._b) > self.max_senders:      # the oldest sender forgets its debt: bounded memory
-                self._b.popitem(last=False)
-        else:
-            self._b.move_to_end(key)
-        b[0] = min(float(self.burst), b[0] + (now - b[1]) * self.rate)
-        b[1] = now
-        if b[0] < 1.0:
-            return False
-        b[0] -= 1.0
-        return True
 
 
 class Caller:
@@ -143,32 +115,57 @@ class Authorizer:
         self.pending_polkit = 0
         self.pending_identify = 0
         self._uids: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._waiting: dict[str, list] = {}             # sender -> [(action, done)] until its uid is known
+        self._queue: collections.deque = collections.deque()   # (con, sender) whose lookup is not sent yet
         self._flush_timer = None
 
     # --- steps ----------------------------------------------------------------------------------------
     def check(self, con, sender: str, action: str | None, done) -> None:
         uid = self._uids.get(sender)
         if uid is not None:
+            self._uids.move_to_end(sender)
             self._have_uid(con, sender, action, uid, done)
             return
-        if self.pending_identify >= MAX_PENDING_IDENTIFY:
-            done(None, TooManyAuthorizations(f"{self.pending_identify} callers are being identified already"))
+        waiting = self._waiting.get(sender)
+        if waiting is not None:                      # its lookup is under way: wait on it
+            if len(waiting) >= MAX_CALLS_PER_SENDER:
+                done(None, TooManyAuthorizations(f"{len(waiting)} calls of {sender} wait to be identified"))
+                return
+            waiting.append((action, done))
             return
+        if len(self._waiting) >= MAX_PENDING_IDENTIFY + MAX_WAITING_IDENTIFY:
+            done(None, TooManyAuthorizations(f"{len(self._waiting)} callers are being identified already"))
+            return
+        self._waiting[sender] = [(action, done)]
+        self._queue.append((con, sender))
+        self._pump()
+
+    def _pump(self) -> None:
+        while self._queue and self.pending_identify < MAX_PENDING_IDENTIFY:
+            con, sender = self._queue.popleft()
+            self._lookup(con, sender)
+
+    def _lookup(self, con, sender: str) -> None:
         from gi.repository import Gio, GLib
 
         self.pending_identify += 1
 
         def got(c, res):
             self.pending_identify -= 1
+            waiting = self._waiting.pop(sender, [])
             try:
                 uid = c.call_finish(res).unpack()[0]
             except GLib.Error as e:
-                done(None, NotAuthorized(f"cannot identify the caller {sender}: {e.message}"))
+                for _action, done in waiting:
+                    done(None, NotAuthorized(f"cannot identify the caller {sender}: {e.message}"))
+                self._pump()
                 return
             self._uids[sender] = uid
             while len(self._uids) > UID_CACHE:
                 self._uids.popitem(last=False)
-            self._have_uid(con, sender, action, uid, done)
+            for action, done in waiting:
+                self._have_uid(con, sender, action, uid, done)
+            self._pump()
 
         con.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetConnectionUnixUser",
                  GLib.Variant("(s)", (sender,)), GLib.VariantType.new("(u)"), Gio.DBusCallFlags.NONE,

@@ -17,8 +17,9 @@ import logging
 import re
 
 from spark_memsaver.errors import MemsaverError
-from spark_memsaver.service import auth, checks, names
-from spark_memsaver.service.auth import Caller, NotAuthorized, RateLimited, TooManyAuthorizations  # noqa: F401
+from spark_memsaver.service import auth, checks, limits, names
+from spark_memsaver.service.auth import Caller, NotAuthorized, TooManyAuthorizations  # noqa: F401
+from spark_memsaver.service.limits import RateLimited  # noqa: F401
 from spark_memsaver.service.checks import InvalidArgument, check_options, check_password  # noqa: F401
 
 log = logging.getLogger("spark_memsaver.dbus")
@@ -75,7 +76,9 @@ class NotFound(MemsaverError):
 _MARK = "_spark_memsaver_action"
 _PUBLIC = object()
 AUTHORIZER: auth.Authorizer | None = None
-READS = auth.ReadLimiter()
+READS = limits.ReadLimiter()
+TARPIT = limits.Tarpit()
+EVENTS_INDEX = None       # host/events.Index of the daemon's log, made on the first GetEvents
 HISTORY_DEFAULT = 1440    # samples in a GetHistory reply (24 h at the default interval), newest first kept
 HISTORY_MAX = 10000       # at most this many in a GetHistorySince reply (~3 MB of JSON)
 EVENTS_DEFAULT = 100      # lifecycle events in a GetEvents reply with limit 0, newest kept
@@ -121,18 +124,20 @@ def _wrap(name, impl, action, out_sig):
             if err is not None:
                 reply_error(invocation, name, err, logged=not isinstance(err, (NotAuthorized, TooManyAuthorizations)))
                 return
-            if action is _PUBLIC and not READS.allow(caller.sender, caller.uid):
+            if action is _PUBLIC and not READS.allow(caller.uid):
                 if AUTHORIZER is not None:
                     AUTHORIZER._denied(caller.sender, caller.uid, f"{name} (rate limited)")
-                reply_error(invocation, name, RateLimited(
-                    f"{name}: more than {auth.READ_BURST} reads at once or {auth.READ_RATE:.0f} a second from "
-                    f"{caller.sender}"), logged=False)
+                err = RateLimited(f"{name}: {READS.why(caller.uid)} (answered {TARPIT.delay:g} s late)")
+                if not TARPIT.hold(lambda: reply_error(invocation, name, err, logged=False)):
+                    reply_error(invocation, name, err, logged=False)
                 return
             try:
                 result = impl(self, *args, caller=caller)
             except Exception as e:
                 reply_error(invocation, name, e)
                 return
+            if action is _PUBLIC:
+                READS.charge(caller.uid, limits.reply_cost(result))
             reply(invocation, out_sig, result)
         authorize(invocation.get_connection(), invocation.get_sender(), None if action is _PUBLIC else action, done)
     method.__name__ = name
@@ -189,8 +194,11 @@ class Manager:
         if since != since or since in (float("inf"), float("-inf")):
             raise InvalidArgument(f"GetEvents: since must be a finite time in seconds, not {since}")
         limit = EVENTS_DEFAULT if limit == 0 else min(int(limit), EVENTS_MAX)
-        from spark_memsaver.host import events     # the log's own reader: nothing of it is kept in the daemon
-        return events.as_json(self._core.host, since if since > 0 else None, limit)
+        global EVENTS_INDEX
+        if EVENTS_INDEX is None or EVENTS_INDEX.host is not self._core.host:
+            from spark_memsaver.host import events     # the log's own reader, as an index kept up to date
+            EVENTS_INDEX = events.Index(self._core.host)
+        return EVENTS_INDEX.as_json(since if since > 0 else None, limit)
 
     @public
     def GetJob(self, job_id, *, caller):
