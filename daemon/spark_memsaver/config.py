@@ -13,6 +13,7 @@ from spark_memsaver.record import Record, asdict, field
 
 from .errors import ConfigError
 from . import vocabulary as policy   # the tier/kernels vocabulary (a leaf; decide/policy re-exports it)
+from .host.safetext import is_safe
 
 DEFAULT_PATH = "/etc/spark-memsaver/config.yaml"
 ENV_VAR = "SPARK_MEMSAVER_CONFIG"
@@ -52,16 +53,21 @@ class Config(Record, frozen=True):
         return d
 
 
+def _path(v: str) -> bool:
+    """An absolute path without control or bidi characters (status shows it back; safetext)."""
+    return v.startswith("/") and is_safe(v)
+
+
 # key -> (type(s), validator or None, description of what is expected)
 _SCHEMA = {
     "kernels": (str, lambda v: v in policy.KERNEL_POLICIES, "one of: " + ", ".join(policy.KERNEL_POLICIES)),
     "tier": ((str, int), lambda v: str(v) in policy.TIERS or str(v) in policy.RENAMED,
              "one of: " + policy.tier_values_text()),
     "interval": (int, lambda v: 5 <= v <= 86400, "an integer number of seconds between 5 and 86400"),
-    "prometheus_textfile": ((str, type(None)), lambda v: v is None or v == "off" or v.startswith("/"),
+    "prometheus_textfile": ((str, type(None)), lambda v: v is None or v == "off" or _path(v),
                             "an absolute path, 'off', or null for node_exporter's directory when it exists"),
-    "signing_key": ((str, type(None)), lambda v: v is None or v.startswith("/"), "an absolute path or null"),
-    "signing_cert": ((str, type(None)), lambda v: v is None or v.startswith("/"), "an absolute path or null"),
+    "signing_key": ((str, type(None)), lambda v: v is None or _path(v), "an absolute path or null"),
+    "signing_cert": ((str, type(None)), lambda v: v is None or _path(v), "an absolute path or null"),
     "auto_build": (bool, None, "true or false"),
     "history_size": (int, lambda v: 10 <= v <= 100000, "an integer between 10 and 100000"),
     "source_fetch": (str, lambda v: v in SOURCE_FETCH_MODES, "one of: " + ", ".join(SOURCE_FETCH_MODES)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from spark_memsaver.host import paths
+from spark_memsaver.host.safetext import safe
 
 GUARD_LOG = paths.GUARD_LOG
 _LINE = re.compile(r"^(?P<time>\S+) kernel=(?P<kernel>\S+) ours-load-failed: the kernel refused our nvidia-uvm "
@@ -24,7 +25,8 @@ def parse(text: str, kernel: str | None) -> dict | None:
         m = _LINE.match(line)
         if m and (kernel is None or m.group("kernel") == kernel):
             last = m.groupdict()
-    return last
+    # the reason is the kernel's and modprobe's words (a module's parameters, its file name): shown escaped
+    return {k: safe(v, 1000) for k, v in last.items()} if last else last
 
 
 def ours_load_failed(host, kernel: str | None) -> dict | None:

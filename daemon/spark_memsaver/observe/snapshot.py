@@ -19,6 +19,7 @@ from spark_memsaver.observe import modules
 from spark_memsaver.observe.counters import CountersError, parse_stats
 from spark_memsaver.host import Host
 from spark_memsaver.host import paths
+from spark_memsaver.host.safetext import safe
 
 
 EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -163,7 +164,7 @@ def observe_uvm(host: Host) -> dict:
             continue
         v = host.read_text(f"{base}/parameters/{name}")
         if v is not None:
-            params[name] = v.strip()
+            params[safe(name, 128)] = safe(v.strip(), 4096)
     packing = None
     stats = host.read_text(f"{base}/parameters/uvm_pt_pack_stats")
     if stats is not None:
@@ -201,8 +202,8 @@ def uvm_holders(host: Host, device: str = "/dev/nvidia-uvm") -> list[dict]:
             except OSError:
                 continue
             if target == device:
-                comm = (host.read_text(f"/proc/{pid}/comm") or "?").strip()
-                holders.append({"pid": int(pid), "comm": comm})
+                comm = (host.read_text(f"/proc/{pid}/comm") or "?").rstrip("\n")   # any user names its process
+                holders.append({"pid": int(pid), "comm": safe(comm, 64) or "?"})
                 break
     return holders
 

@@ -6,6 +6,7 @@ import os
 import re
 
 from spark_memsaver.errors import MemsaverError
+from spark_memsaver.host.safetext import safe
 from spark_memsaver.validate.params import FAIL, MIB, NA, PASS, SKIP, STOCK_REASON
 
 # --- checks and counters (pure) ------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def scan_messages(messages: list[str]) -> list[dict]:
         for kind, rx in LOG_PATTERNS:
             m = rx.search(msg)
             if m:
-                ev = {"kind": kind, "line": msg.strip()[:400]}
+                ev = {"kind": kind, "line": safe(msg.strip()[:400])}    # the kernel log quotes process names
                 if kind == "xid":
                     ev["xid"] = int(m["xid"])
                     ev["device"] = m["dev"]
