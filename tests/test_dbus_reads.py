@@ -175,6 +175,28 @@ def test_history_replies_are_bounded_whatever_history_size(tmp_path, spark):  # 
     assert time.monotonic() - t < 10
 
 
+def test_history_replies_encode_each_sample_once():
+    """Issue 35 item 5: a GetHistorySince of 10000 samples rebuilt and encoded 10000 dicts at every call (60-150 ms
+    of the main loop); now each sample is encoded once, and a reply after one more sample encodes that one only.
+    The text is what encoding the unpacked samples gives."""
+    import collections
+
+    from spark_memsaver.service.histjson import HistoryText
+    from spark_memsaver.service.monitor import unpack
+    t0 = 1_800_000_000.0
+    ring = collections.deque((pack({"time": t0 + 60 * i, "reason": "interval", "mem_total": 1 << 37,
+                                    "mem_available": 1 << 36, "backing_bytes": 1 << 28}) for i in range(12000)),
+                             maxlen=12000)
+    h = HistoryText(cap=10000)
+    want = json.dumps([unpack(r) for r in list(ring)[-10000:]])
+    assert h.reply(ring, None, 10000) == want and h.encoded == 10000
+    assert h.reply(ring, None, 10000) == want and h.reply(ring, t0 + 60 * 11990, 10000) == json.dumps(
+        [unpack(r) for r in list(ring)[-10:]]) and h.encoded == 10000
+    ring.append(pack({"time": t0 + 60 * 12000, "reason": "interval", "mem_total": 1, "mem_available": 1}))
+    assert json.loads(h.reply(ring, None, 2))[-1]["time"] == t0 + 60 * 12000 and h.encoded == 10001
+    assert len(h._memo) <= 10000 and h.reply(ring, None, 0) == "[]"
+
+
 def test_read_limiter_buckets():
     now = [0.0]
     lim = limits.ReadLimiter(rate=2.0, burst=3, shared_rate=2.0, shared_burst=4, max_uids=2, clock=lambda: now[0])

@@ -73,6 +73,7 @@ class Daemon:
         }
         self.jobs = JobManager(self._on_job)
         self.monitor = None
+        self._history_text = None      # histjson.HistoryText, made on the first history reply
 
     # --- properties --------------------------------------------------------------------------------
     def set_props(self, **values) -> None:
@@ -202,14 +203,11 @@ class Daemon:
         return json.dumps(doc if full else redact.document(doc))
 
     def history_json(self, since: float | None = None, limit: int | None = None) -> str:
-        """The newest ``limit`` samples at or after ``since``, oldest first; only those are unpacked."""
-        from spark_memsaver.service.monitor import unpack
-        rows = []
-        for r in reversed(self.monitor.history if self.monitor else ()):
-            if (limit is not None and len(rows) >= limit) or (since is not None and (r[0] or 0) < since):
-                break
-            rows.append(unpack(r))
-        return json.dumps(rows[::-1])
+        """The newest ``limit`` samples at or after ``since``, oldest first; each encoded once (histjson)."""
+        if self._history_text is None:
+            from spark_memsaver.service.histjson import HistoryText
+            self._history_text = HistoryText()
+        return self._history_text.reply(self.monitor.history if self.monitor else (), since, limit)
 
     def job_json(self, job_id: int, full: bool = True) -> str:
         from spark_memsaver.service.jobs import KEEP_FINISHED
