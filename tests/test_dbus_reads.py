@@ -116,6 +116,7 @@ def test_reconnecting_does_not_escape_the_limit_and_root_is_still_served(daemon,
     refills meanwhile) is served, the rest is refused with Error.RateLimited; root, meanwhile, is served in
     full. Before, each connection had its own allowance: 200 of 200 served."""
     _rested(bus)
+    before = daemon.text().count("\n")
     got = _many(bus, 10, 20)
     assert got["senders"] == 10
     assert got["ok"] + sum(got["errors"].values()) == 200
@@ -123,6 +124,8 @@ def test_reconnecting_does_not_escape_the_limit_and_root_is_still_served(daemon,
     assert set(got["errors"]) == {names.ERROR_PREFIX + "RateLimited"}, got
     root = _many(bus, 4, 25, user=None)
     assert root["ok"] == 100 and not root["errors"], root
+    denials = [ln for ln in daemon.text().splitlines()[before:] if "denied: GetStatus (rate limited)" in ln]
+    assert len(denials) <= 1, denials            # one line for the uid (once a minute), not one per connection
 
 
 def test_a_hundred_new_connections_never_refuse_root(daemon, bus):  # noqa: F811

@@ -6,9 +6,9 @@
   reply is sent from their callbacks. Property reads and signals never wait on them. At most
   ``MAX_PENDING_POLKIT`` polkit checks are in flight; one more is refused at once with
   :class:`TooManyAuthorizations`. Root needs no polkit slot.
-- :class:`DenialLog` rate-limits what denials write to the log (defect 10): the first denial of a sender is
-  logged, the rest of an interval are counted and summed up in one line per sender per interval; the table
-  of senders is bounded.
+- :class:`DenialLog` rate-limits what denials write to the log (defect 10): the first denial of a uid is
+  logged, the rest of an interval are counted and summed up in one line per uid per interval (per uid, not per
+  connection: reconnecting writes no more lines); the table is bounded.
 - The read limits (per uid, one budget shared by all non-root callers, refusals answered late) are in
   ``limits``.
 - Identification is shared and queued, never refused for want of a slot (issue 35 item 5): every call of a
@@ -73,8 +73,10 @@ class DenialLog:
         self._t: collections.OrderedDict[str, list] = collections.OrderedDict()   # sender -> [t0, n, uid, what]
 
     def denied(self, sender: str, uid, what: str) -> bool:
-        """Record one denial; True when this one was logged. Returns whether a flush timer is needed."""
+        """Record one denial; True when this one was logged. Counted per uid (per sender while the uid is not
+        known): a user that reconnects gets no new log line for each connection (issue 35 item 5)."""
         now = self.clock()
+        name, sender = sender, (f"uid {uid}" if uid is not None else sender)
         e = self._t.get(sender)
         if e is not None and now - e[0] < self.interval:
             e[1] += 1
@@ -87,13 +89,12 @@ class DenialLog:
         while len(self._t) > self.max_senders:
             old, oe = self._t.popitem(last=False)
             self._summary(old, oe)
-        self.log.info("denied: %s (uid %s, %s)", what, uid, sender)
+        self.log.info("denied: %s (uid %s, %s)", what, uid, name)
         return True
 
     def _summary(self, sender: str, e: list) -> None:
         if e[1]:
-            self.log.info("denied %d more call(s) of uid %s (%s) in %.0f s; last: %s", e[1], e[2], sender,
-                          self.interval, e[3])
+            self.log.info("denied %d more call(s) of uid %s in %.0f s; last: %s", e[1], e[2], self.interval, e[3])
 
     def flush(self) -> bool:
         """Summaries for the intervals that ended; True while counts remain (keep the timer)."""
