@@ -8,7 +8,8 @@ Usage (as root): benchmarks/dbus_flood.py [--connections N] [--procs P] [--secon
   shipped policy; a socket in a temporary directory, nothing else reaches it) and spark-memsaverd from
   ``--checkout`` (default: this one; give another worktree, e.g. main's, to measure "before") on a Spark-like
   root (tests/support/sparkroot.py) whose events log holds ``--events-kib`` KiB (default 1024: the log's cap).
-- Idle: root calls GetStatus ``--samples`` times on one connection, 20 ms apart; p50/p99 in ms.
+- Idle: root calls GetStatus ``--samples`` times on one connection, 20 ms apart, before the flood and again
+  after it (a shared machine's load drifts); p50/p99 in ms over both.
 - Flood: ``--procs`` processes as uid 65534 (setpriv) open ``--connections`` connections in all; each connection
   loops ``--method`` (default GetEvents(0, 5000); GetStatus, GetHistory also), sending its next call when the
   reply (or the refusal) came, for ``--seconds`` at most (default 20, capped at 120) and at most 100000 calls a
@@ -180,6 +181,8 @@ def main() -> int:
             served += r["ok"]
             for k, v in r["errors"].items():
                 refused[k.rsplit(".", 1)[-1]] = refused.get(k.rsplit(".", 1)[-1], 0) + v
+        time.sleep(1.0)
+        idle += sample_status(con, names, a.samples)   # idle again after it: a machine's load drifts
         alive = daemon.poll() is None
     finally:
         for f in floods:
