@@ -11,7 +11,7 @@ Usage (as root): benchmarks/dbus_flood.py [--connections N] [--procs P] [--secon
 - Idle: root calls GetStatus ``--samples`` times on one connection, 20 ms apart, before the flood and again
   after it (a shared machine's load drifts); p50/p99 in ms over both.
 - Flood: ``--procs`` processes as uid 65534 (setpriv) open ``--connections`` connections in all; each connection
-  loops ``--method`` (default GetEvents(0, 5000); GetStatus, GetHistory also), sending its next call when the
+  loops ``--method`` (default GetEvents(0, 5000); GetStatus, GetHistory, GetHistorySince, Properties.GetAll also), sending its next call when the
   reply (or the refusal) came, for ``--seconds`` at most (default 20, capped at 120) and at most 100000 calls a
   connection. Meanwhile root's GetStatus is sampled as above, and the daemon's CPU time (utime+stime from
   /proc/PID/stat) over the flood is given as % of one core.
@@ -41,6 +41,9 @@ from gi.repository import Gio, GLib
 addr, dest, path, n, method, secs = sys.argv[1:7]
 n, secs = int(n), float(secs)
 args = GLib.Variant("(du)", (0.0, 5000)) if method in ("GetEvents", "GetHistorySince") else None
+iface = dest
+if method == "GetAll":
+    iface, args = "org.freedesktop.DBus.Properties", GLib.Variant("(s)", (dest,))
 flags = Gio.DBusConnectionFlags.AUTHENTICATION_CLIENT | Gio.DBusConnectionFlags.MESSAGE_BUS_CONNECTION
 cons = [Gio.DBusConnection.new_for_address_sync(addr, flags, None, None) for _ in range(n)]
 loop, res, live = GLib.MainLoop(), {"ok": 0, "errors": {}}, [n]
@@ -52,7 +55,7 @@ def send(con, k):
         if not live[0]:
             loop.quit()
         return
-    con.call(dest, path, dest, method, args, None, Gio.DBusCallFlags.NONE, 30000, None, done, k)
+    con.call(dest, path, iface, method, args, None, Gio.DBusCallFlags.NONE, 30000, None, done, k)
 def done(con, r, k):
     try:
         con.call_finish(r)
@@ -112,7 +115,7 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--method", default="GetEvents", choices=("GetEvents", "GetStatus", "GetHistory",
-                                                                "GetHistorySince"))
+                                                                "GetHistorySince", "GetAll"))
     ap.add_argument("--events-kib", type=int, default=1024)
     ap.add_argument("--samples", type=int, default=150)
     ap.add_argument("--checkout", type=Path, default=REPO)

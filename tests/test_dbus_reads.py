@@ -24,7 +24,7 @@ from spark_memsaver.host import Host
 from spark_memsaver.service import auth, limits, names
 from spark_memsaver.service.monitor import Monitor, pack
 from tests.support import sparkroot
-from tests.test_dbus import NOBODY, bus, daemon, gdbus_call, spark  # noqa: F401  (module fixtures)
+from tests.test_dbus import NOBODY, bus, busctl, daemon, gdbus_call, spark  # noqa: F401  (module fixtures)
 
 pytestmark = pytest.mark.dbus
 
@@ -59,6 +59,10 @@ MANY = r"""
 import json, sys
 from gi.repository import Gio, GLib
 addr, dest, path, n_con, per = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+method = sys.argv[6] if len(sys.argv) > 6 else "GetStatus"
+iface, args, out = dest, None, "(s)"
+if method == "GetAll":
+    iface, args, out = "org.freedesktop.DBus.Properties", GLib.Variant("(s)", (dest,)), "(a{sv})"
 flags = Gio.DBusConnectionFlags.AUTHENTICATION_CLIENT | Gio.DBusConnectionFlags.MESSAGE_BUS_CONNECTION
 cons = [Gio.DBusConnection.new_for_address_sync(addr, flags, None, None) for _ in range(n_con)]
 loop, left, res = GLib.MainLoop(), [n_con * per], {"ok": 0, "errors": {}}
@@ -74,17 +78,16 @@ def done(con, r):
         loop.quit()
 for _ in range(per):
     for con in cons:
-        con.call(dest, path, dest, "GetStatus", None, GLib.VariantType("(s)"), Gio.DBusCallFlags.NONE, 20000,
-                 None, done)
+        con.call(dest, path, iface, method, args, GLib.VariantType(out), Gio.DBusCallFlags.NONE, 20000, None, done)
 loop.run()
 res["senders"] = len({c.get_unique_name() for c in cons})
 print(json.dumps(res))
 """
 
 
-def _many(bus, n_con: int, per: int, user="nobody") -> dict:
+def _many(bus, n_con: int, per: int, user="nobody", method="GetStatus") -> dict:
     argv = (NOBODY if user == "nobody" else []) + ["/usr/bin/python3", "-c", MANY, bus.address, names.BUS_NAME,
-                                                   names.OBJECT_PATH, str(n_con), str(per)]
+                                                   names.OBJECT_PATH, str(n_con), str(per), method]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -126,6 +129,20 @@ def test_reconnecting_does_not_escape_the_limit_and_root_is_still_served(daemon,
     assert root["ok"] == 100 and not root["errors"], root
     denials = [ln for ln in daemon.text().splitlines()[before:] if "denied: GetStatus (rate limited)" in ln]
     assert len(denials) <= 1, denials            # one line for the uid (once a minute), not one per connection
+
+
+def test_property_reads_are_limited_like_the_other_reads(daemon, bus):  # noqa: F811
+    """Issue 35 item 5: Properties.GetAll was not limited at all (a loop of it from 100 connections of one user
+    held root's GetStatus at ~175 ms p50): now it draws on the same allowance per uid; root's is not limited."""
+    _rested(bus)
+    got = _many(bus, 10, 20, method="GetAll")
+    assert got["ok"] + sum(got["errors"].values()) == 200
+    assert auth.READ_BURST <= got["ok"] <= auth.READ_BURST + 10, got
+    assert set(got["errors"]) == {names.ERROR_PREFIX + "RateLimited"}, got
+    root = _many(bus, 4, 25, user=None, method="GetAll")
+    assert root["ok"] == 100 and not root["errors"], root
+    r = busctl("get-property", names.BUS_NAME, names.OBJECT_PATH, names.INTERFACE, "State", bus=bus)
+    assert r.stdout.startswith("s ")
 
 
 def test_a_hundred_new_connections_never_refuse_root(daemon, bus):  # noqa: F811

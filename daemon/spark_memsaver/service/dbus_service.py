@@ -124,12 +124,7 @@ def _wrap(name, impl, action, out_sig):
             if err is not None:
                 reply_error(invocation, name, err, logged=not isinstance(err, (NotAuthorized, TooManyAuthorizations)))
                 return
-            if action is _PUBLIC and not READS.allow(caller.uid):
-                if AUTHORIZER is not None:
-                    AUTHORIZER._denied(caller.sender, caller.uid, f"{name} (rate limited)")
-                err = RateLimited(f"{name}: {READS.why(caller.uid)} (answered {TARPIT.delay:g} s late)")
-                if not TARPIT.hold(lambda: reply_error(invocation, name, err, logged=False)):
-                    reply_error(invocation, name, err, logged=False)
+            if action is _PUBLIC and not admitted(name, caller, invocation):
                 return
             try:
                 result = impl(self, *args, caller=caller)
@@ -143,6 +138,19 @@ def _wrap(name, impl, action, out_sig):
     method.__name__ = name
     method.__doc__ = impl.__doc__
     return method
+
+
+def admitted(name: str, caller, invocation) -> bool:
+    """An open read within its uid's and the shared allowance (limits.ReadLimiter); else it is refused with
+    RateLimited, answered late (limits.Tarpit), and False."""
+    if READS.allow(caller.uid):
+        return True
+    if AUTHORIZER is not None:
+        AUTHORIZER._denied(caller.sender, caller.uid, f"{name} (rate limited)")
+    err = RateLimited(f"{name}: {READS.why(caller.uid)} (answered {TARPIT.delay:g} s late)")
+    if not TARPIT.hold(lambda: reply_error(invocation, name, err, logged=False)):
+        reply_error(invocation, name, err, logged=False)
+    return False
 
 
 def reply(invocation, out_sig: str, result) -> None:
@@ -257,13 +265,22 @@ class Publication:
             self._id = 0
 
     def _on_call(self, _con, _sender, _path, iface, method, params, invocation) -> None:
-        if iface == names.PROPERTIES_IFACE:
-            self._properties(method, params.unpack(), invocation)
+        if iface == names.PROPERTIES_IFACE:   # open reads too: the caller's uid, then its allowance
+            args = params.unpack()
+
+            def done(caller, err):
+                if err is not None:
+                    reply_error(invocation, method, err, logged=False)
+                elif caller.uid == 0 or admitted(f"Properties.{method}", caller, invocation):
+                    self._properties(method, args, invocation)
+            authorize(invocation.get_connection(), invocation.get_sender(), None, done)
             return
         getattr(self.manager, method)(invocation, *params.unpack())
 
     def _properties(self, method, args, invocation) -> None:
-        """Reads from the core's cache: never blocks, never waits on an authorization."""
+        """Reads from the core's cache: never blocks, never waits on polkit (only on the bus naming the caller's
+        uid, once per connection); limited like the other open reads (a flood of GetAll from one user held
+        root's GetStatus at 175 ms: issue 35 item 5)."""
         from gi.repository import GLib
 
         props = self.core.props
