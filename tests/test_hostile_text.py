@@ -74,6 +74,9 @@ def test_readers_escape_what_they_read(hostile_root):
             "Invalid argument uvm_x=\x1b[2J\u202e [abi-mismatch]")
     got = guardlog.parse(line, "K")
     assert got["cause"] == "abi-mismatch" and got["reason"] == "Invalid argument uvm_x=\\x1b[2J\\u202e"
+    from spark_memsaver.observe import modules     # modinfo's words about a module: its signer, its parameters
+    f = modules._fields({"signer": "Build key\u202e", "parm": ["uvm_x\x1b[8m:a parameter (int)"], "parmtype": []})
+    assert f["signer"] == "Build key\\u202e" and f["parameters"] == ["uvm_x\\x1b[8m"]
     ev = scan_messages(["Out of memory: Killed process 4242 (x\x1b[8mhidden) total-vm:1kB"])
     assert ev[0]["kind"] == "oom-kill" and ev[0]["line"] == "Out of memory: Killed process 4242 (x\\x1b[8mhidden) total-vm:1kB"
 

@@ -27,6 +27,7 @@ import re
 
 from spark_memsaver.host import Host
 from spark_memsaver.host.fsutil import sha256_file
+from spark_memsaver.host.safetext import safe
 
 PATCH_ID = "uvm-pt-pack/1"
 TAG_FIELD = "spark_memsaver"
@@ -76,10 +77,12 @@ def classify(info: dict) -> str:
 
 
 def _fields(info: dict) -> dict:
-    parms = sorted({p.split(":", 1)[0] for p in (info.get("parm") or []) + (info.get("parmtype") or [])})
+    parms = sorted({safe(p.split(":", 1)[0], 128) for p in (info.get("parm") or []) + (info.get("parmtype") or [])})
     state = classify(info)
+    signer = info.get("signer")      # shown only: a module's parameters and signer are text we did not write
     return {"state": state, "version": info.get("version"), "srcversion": info.get("srcversion"),
-            "vermagic": info.get("vermagic"), "signer": info.get("signer"), "sig_key": info.get("sig_key"),
+            "vermagic": info.get("vermagic"), "signer": safe(signer, 256) if signer is not None else None,
+            "sig_key": info.get("sig_key"),
             "patch_id": info.get(TAG_FIELD), "ours": state == "ours", "patched": state != "stock",
             "depends": [d for d in (info.get("depends") or "").split(",") if d], "parameters": parms,
             "name": info.get("name"), "error": None}
