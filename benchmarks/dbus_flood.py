@@ -13,7 +13,7 @@ Usage (as root): benchmarks/dbus_flood.py [--connections N] [--procs P] [--secon
 - Flood: ``--procs`` processes as uid 65534 (setpriv) open ``--connections`` connections in all; each connection
   loops ``--method`` (default GetEvents(0, 5000); GetStatus, GetHistory, GetHistorySince, Properties.GetAll also), sending its next call when the
   reply (or the refusal) came, for ``--seconds`` at most (default 20, capped at 120) and at most 100000 calls a
-  connection. Meanwhile root's GetStatus is sampled as above, and the daemon's CPU time (utime+stime from
+  connection (``--churn``: each process loops connect, one GetStatus sent without waiting for its reply, disconnect). Meanwhile root's GetStatus is sampled as above, and the daemon's CPU time (utime+stime from
   /proc/PID/stat) over the flood is given as % of one core.
 - Figures: idle and flood p50/p99, p99 ratio, daemon CPU %, flood calls served/refused (by error name).
 Last line, exactly: ``idle_p50_ms=<a> idle_p99_ms=<b> flood_p50_ms=<c> flood_p99_ms=<d> p99_ratio=<d/b>
@@ -70,6 +70,26 @@ loop.run()
 print(json.dumps(res))
 """
 
+# --churn: a new connection for every call, sent without waiting for the reply, then closed (each one a caller
+# the daemon must have the bus name; "served" counts calls sent)
+CHURN = r"""
+import json, sys, time
+from gi.repository import Gio, GLib
+addr, dest, path, n, method, secs = sys.argv[1:7]
+flags = Gio.DBusConnectionFlags.AUTHENTICATION_CLIENT | Gio.DBusConnectionFlags.MESSAGE_BUS_CONNECTION
+res = {"ok": 0, "errors": {}}
+sys.stdout.write("ready\n"); sys.stdout.flush(); sys.stdin.readline()
+end = time.monotonic() + float(secs)
+while time.monotonic() < end and res["ok"] + sum(res["errors"].values()) < 100000:
+    con = Gio.DBusConnection.new_for_address_sync(addr, flags, None, None)
+    m = Gio.DBusMessage.new_method_call(dest, path, dest, "GetStatus")
+    m.set_flags(Gio.DBusMessageFlags.NO_REPLY_EXPECTED)     # sent, never waited for: the cheapest call to make
+    con.send_message(m, Gio.DBusSendMessageFlags.NONE)
+    con.close_sync(None)
+    res["ok"] += 1
+print(json.dumps(res))
+"""
+
 
 def cpu_s(pid: int) -> float:
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -119,6 +139,8 @@ def main() -> int:
     ap.add_argument("--events-kib", type=int, default=1024)
     ap.add_argument("--samples", type=int, default=150)
     ap.add_argument("--checkout", type=Path, default=REPO)
+    ap.add_argument("--churn", action="store_true",
+                    help="each flood process loops: connect, one GetStatus, disconnect (--connections ignored)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("run as root: the daemon runs as root and the flood as uid 65534 (setpriv)", file=sys.stderr)
@@ -163,7 +185,8 @@ def main() -> int:
         for n in per:
             if n:
                 floods.append(subprocess.Popen(
-                    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", FLOOD,
+                    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                     CHURN if a.churn else FLOOD,
                      bus.address, names.BUS_NAME, names.OBJECT_PATH, str(n), a.method, str(secs)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=bus.env()))
         for f in floods:
@@ -196,8 +219,10 @@ def main() -> int:
         bus.stop()
         shutil.rmtree(work, ignore_errors=True)
     i50, i99, f50, f99 = pct(idle, 50), pct(idle, 99), pct(flood, 50), pct(flood, 99)
-    print(f"checkout {a.checkout}: {a.connections} connections of uid 65534 in {a.procs} processes looping "
-          f"{a.method} for {secs:g} s on a {a.events_kib} KiB events log; daemon alive after: {alive}")
+    what = (f"{a.procs} processes of uid 65534 looping connect + GetStatus + disconnect" if a.churn else
+            f"{a.connections} connections of uid 65534 in {a.procs} processes looping {a.method}")
+    print(f"checkout {a.checkout}: {what} for {secs:g} s on a {a.events_kib} KiB events log; daemon alive after: "
+          f"{alive}")
     print(f"root GetStatus idle:  p50 {i50:.2f} ms  p99 {i99:.2f} ms  ({len(idle)} calls)")
     print(f"root GetStatus flood: p50 {f50:.2f} ms  p99 {f99:.2f} ms  ({len(flood)} calls)")
     print(f"daemon CPU during the flood: {cpu:.1f} % of a core; flood calls served {served}, refused "
