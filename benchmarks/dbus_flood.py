@@ -11,10 +11,11 @@ Usage (as root): benchmarks/dbus_flood.py [--connections N] [--procs P] [--secon
 - Idle: root calls GetStatus ``--samples`` times on one connection, 20 ms apart, before the flood and again
   after it (a shared machine's load drifts); p50/p99 in ms over both.
 - Flood: ``--procs`` processes as uid 65534 (setpriv) open ``--connections`` connections in all; each connection
-  loops ``--method`` (default GetEvents(0, 5000); GetStatus, GetHistory, GetHistorySince, Properties.GetAll also), sending its next call when the
-  reply (or the refusal) came, for ``--seconds`` at most (default 20, capped at 120) and at most 100000 calls a
-  connection (``--churn``: each process loops connect, one GetStatus sent without waiting for its reply, disconnect). Meanwhile root's GetStatus is sampled as above, and the daemon's CPU time (utime+stime from
-  /proc/PID/stat) over the flood is given as % of one core.
+  loops ``--method`` (default GetEvents(0, 5000); GetStatus, GetHistory, GetHistorySince, Properties.GetAll
+  also), sending its next call when the reply (or the refusal) came, for ``--seconds`` at most (default 20, capped
+  at 120) and at most 100000 calls a connection (``--churn``: each process loops connect, one GetStatus sent
+  without waiting for its reply, disconnect). Meanwhile root's GetStatus is sampled as above, and the daemon's CPU
+  time (utime+stime from /proc/PID/stat) over the flood is given as % of one core.
 - Figures: idle and flood p50/p99, p99 ratio, daemon CPU %, flood calls served/refused (by error name).
 Last line, exactly: ``idle_p50_ms=<a> idle_p99_ms=<b> flood_p50_ms=<c> flood_p99_ms=<d> p99_ratio=<d/b>
 daemon_cpu_pct=<e> served=<n> refused=<m>``. Goals: p99_ratio <= 2, daemon_cpu_pct <= 20.

@@ -78,7 +78,8 @@ def test_readers_escape_what_they_read(hostile_root):
     f = modules._fields({"signer": "Build key\u202e", "parm": ["uvm_x\x1b[8m:a parameter (int)"], "parmtype": []})
     assert f["signer"] == "Build key\\u202e" and f["parameters"] == ["uvm_x\\x1b[8m"]
     ev = scan_messages(["Out of memory: Killed process 4242 (x\x1b[8mhidden) total-vm:1kB"])
-    assert ev[0]["kind"] == "oom-kill" and ev[0]["line"] == "Out of memory: Killed process 4242 (x\\x1b[8mhidden) total-vm:1kB"
+    assert ev[0]["kind"] == "oom-kill"
+    assert ev[0]["line"] == "Out of memory: Killed process 4242 (x\\x1b[8mhidden) total-vm:1kB"
 
 
 def test_status_text_and_json_show_a_hostile_process_name_escaped(hostile_root):
@@ -110,4 +111,5 @@ def test_config_keys_and_paths_shown_back_are_safe(tmp_path):
     with pytest.raises(ConfigError) as e:
         cfg.parse("signing_cert: \"/etc/\u202ekey.pem\"\n", str(tmp_path / "config.yaml"))
     assert "signing_cert" in e.value.message and clean(e.value.message)
-    assert cfg.parse("signing_cert: /etc/spark-memsaver/fleet.pem\n", "x").signing_cert == "/etc/spark-memsaver/fleet.pem"
+    fleet = "/etc/spark-memsaver/fleet.pem"
+    assert cfg.parse(f"signing_cert: {fleet}\n", "x").signing_cert == fleet

@@ -3,9 +3,9 @@
 The ring keeps a sample as a tuple (service/monitor.py: a dict would cost ~2.5x the memory). A reply used to
 rebuild a dict of each sample and encode them all at every call: ~10 ms of the main loop for the default 1440
 samples, 60-150 ms for 10000 (history_size up to 100000), while root's calls waited (issue 35 item 5). Here each
-sample's text is kept once a reply has needed it (the ring's tuples are immutable),
-so a reply is a join of kept texts (found by the sample's identity, not its hash); at most ``cap`` texts are kept (the newest samples the ring holds), none
-until someone asks.
+sample's text is kept once a reply has needed it (the ring's tuples are immutable), so a reply is a join of kept
+texts, found by the sample's identity, not its hash; at most ``cap`` texts are kept (the newest samples the ring
+holds), none until someone asks.
 """
 
 from __future__ import annotations
