@@ -271,6 +271,10 @@ def test_identification_is_shared_and_queued_not_refused():
         a.check(con, s, None, lambda c, e: answers.append((c and c.uid, e)))
     for _ in range(2):
         a.check(con, ":1.150", None, lambda c, e: answers.append((c and c.uid, e)))
+
+    def broken(c, e):
+        raise RuntimeError("a reply that fails")
+    a.check(con, ":1.150", None, broken)        # never stalls the others waiting on the same lookup, or the queue
     assert answers == [] and len(con.calls) == auth.MAX_PENDING_IDENTIFY
     while con.calls:
         sender, cb = con.calls.pop(0)

@@ -155,17 +155,21 @@ class Authorizer:
             self.pending_identify -= 1
             waiting = self._waiting.pop(sender, [])
             try:
-                uid = c.call_finish(res).unpack()[0]
+                uid, err = c.call_finish(res).unpack()[0], None
             except GLib.Error as e:
-                for _action, done in waiting:
-                    done(None, NotAuthorized(f"cannot identify the caller {sender}: {e.message}"))
-                self._pump()
-                return
-            self._uids[sender] = uid
-            while len(self._uids) > UID_CACHE:
-                self._uids.popitem(last=False)
+                uid, err = None, e
+            if err is None:
+                self._uids[sender] = uid
+                while len(self._uids) > UID_CACHE:
+                    self._uids.popitem(last=False)
             for action, done in waiting:
-                self._have_uid(con, sender, action, uid, done)
+                try:      # one caller's failure (a bug in a reply) never stalls the others or the queue
+                    if err is not None:
+                        done(None, NotAuthorized(f"cannot identify the caller {sender}: {err.message}"))
+                    else:
+                        self._have_uid(con, sender, action, uid, done)
+                except Exception:
+                    log.exception("answering a call of %s failed", sender)
             self._pump()
 
         con.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetConnectionUnixUser",
