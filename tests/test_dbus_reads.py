@@ -103,8 +103,6 @@ def test_open_reads_are_rate_limited_per_uid(daemon, bus):  # noqa: F811
     allowed = auth.READ_BURST + auth.READ_RATE * got["seconds"] + 1
     assert got["ok"] <= allowed, got
     assert got["ok"] >= auth.READ_BURST and set(got["errors"]) == {names.ERROR_PREFIX + "RateLimited"}, got
-    # a refused call is answered late (limits.Tarpit): a loop that waits for each reply slows down
-    assert got["seconds"] >= limits.REFUSAL_DELAY_S * got["errors"][names.ERROR_PREFIX + "RateLimited"] * 0.9, got
     root = _calls(bus, 80)                         # root is not limited
     assert root["ok"] == 80 and not root["errors"], root
     log = daemon.text()
