@@ -34,10 +34,30 @@ def test_gap_is_named_only_when_the_thing_is_really_absent(monkeypatch):
     assert needs.environment_gap(ModuleNotFoundError("x", name="json")) is None
     assert needs.environment_gap(ModuleNotFoundError("x", name="spark_memsaver_no_such_mod")) is not None
     from spark_memsaver.errors import CommandNotFound
-    assert needs.environment_gap(CommandNotFound(f"'{ABSENT}' is not installed", remedy="r")) is not None
+    # a program the product does not run (a misspelt name in the code) is a failure, never a skip
+    assert needs.environment_gap(CommandNotFound(f"'{ABSENT}' is not installed", remedy="r")) is None
+    assert needs.environment_gap(CommandNotFound("'modprob' is not installed", remedy="r")) is None
+    # one it runs, really absent (a PATH and sbin list without it): the machine's gap, with its package
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(needs, "_SBIN", ())
+    assert needs.environment_gap(CommandNotFound("'dkms' is not installed", remedy="r")) == \
+        "dkms is not installed (package dkms, tools/deps/*.txt)"
+    monkeypatch.undo()
     assert needs.environment_gap(CommandNotFound("'sh' is not installed", remedy="r")) is None
     assert needs.environment_gap(RuntimeError("anything")) is None
     assert needs.environment_gap(needs.Missing("x", "y")) == "x is not available here (y)"
+
+
+def test_product_programs_are_the_programs_the_product_runs_and_deps_install_them():
+    """needs.PRODUCT_PROGRAMS names every program the product's code runs by a literal name (Host.run/stream
+    argv[0], update-initramfs aside: it runs only where initramfs-tools is the host's), and each one's package
+    is in tools/deps/*.txt (coreutils: Essential)."""
+    import re
+    code = "\n".join(p.read_text() for p in (REPO / "daemon/spark_memsaver").rglob("*.py"))
+    ran = set(re.findall(r'(?:run|stream)\(\s*\[\s*"([^"]+)"', code)) - {"update-initramfs"}
+    assert ran and ran <= set(needs.PRODUCT_PROGRAMS), sorted(ran - set(needs.PRODUCT_PROGRAMS))
+    deps = set(" ".join(re.sub(r"#.*", "", p.read_text()) for p in (REPO / "tools/deps").glob("*.txt")).split())
+    assert set(needs.PRODUCT_PROGRAMS.values()) - deps == {"coreutils"}
 
 
 def test_require_skips_and_strict_fails(monkeypatch):
@@ -69,6 +89,10 @@ def _run_suite(tmp_path, strict: bool) -> str:
         def test_present_tool_failing_is_a_failure():
             subprocess.run(["sh", "-c", "exit 3"], check=True)
 
+        def test_product_running_a_misspelt_program_is_a_failure():
+            from spark_memsaver.host import Host
+            Host("/").run(["modprob", "--version"], timeout=5)
+
         @pytest.mark.needs({ABSENT!r})
         def test_marked():
             pass
@@ -89,14 +113,15 @@ def _run_suite(tmp_path, strict: bool) -> str:
 
 def test_hook_reports_absent_tools_as_skipped(tmp_path):
     out = _run_suite(tmp_path, strict=False)
-    assert "1 failed, 1 passed, 3 skipped" in out, out
+    assert "2 failed, 1 passed, 3 skipped" in out, out
     assert "FAILED test_gap.py::test_present_tool_failing_is_a_failure" in out, out
+    assert "FAILED test_gap.py::test_product_running_a_misspelt_program_is_a_failure" in out, out
     assert f"this machine lacks it: {ABSENT} is not installed" in out, out
 
 
 def test_hook_converts_nothing_under_tools_test(tmp_path):
     out = _run_suite(tmp_path, strict=True)
-    assert "2 failed, 1 passed, 2 errors" in out, out
+    assert "3 failed, 1 passed, 2 errors" in out, out
 
 
 def test_product_python_is_replaced_only_where_it_runs():
