@@ -172,9 +172,11 @@ def test_maintainer_scripts(deb, tmp_path):
     assert "deb-systemd-invoke" in post and "spark-memsaverd.service" in post  # dh_installsystemd ran
     assert "systemd-tmpfiles" in post                                         # dh_installtmpfiles ran
     assert "py3compile -p spark-memsaver" in post                             # dh_python3 ran
-    # postrm purge never touches shared signing keys
+    # postrm purge never touches shared signing keys (it reads only our drop-in's mok_* lines)
     postrm = (tmp_path / "c/postrm").read_text()
-    assert "mok" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "")
+    assert "mok" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "") \
+        .replace("mok_signing_key", "").replace("mok_certificate", "")
+    assert "shim-signed" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "")
 
 
 def test_bash_completion_is_clicks(deb, tmp_path):
