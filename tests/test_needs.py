@@ -255,3 +255,25 @@ def test_ci_share_marked_tests_skip_only_under_ci(tmp_path):
         r = _inner_pytest(tmp_path, "test_share.py", source, "ci_share", **{needs.CI_SHARE_ENV: share})
         assert expect in r.stdout, r.stdout
         assert ("costs 20 min cold" in r.stdout) == (share == "1"), r.stdout
+
+
+def test_tests_run_modprobe_with_a_private_module_configuration():
+    """The suite does not read the host's product state: every modprobe a test runs on this machine names its
+    module configuration (-C: a fixture root's etc/modprobe.d or a private one), so an installed spark-memsaver's
+    install rule for nvidia_uvm (/lib/modprobe.d/spark-memsaver.conf, after `tools/run`) changes nothing a test
+    reads. (Before: tests/test_dkms.py's --show-depends printed the rule instead of the files to insert.) A call
+    inside a container (``c.run``/``self.c.run``) reads that container's own configuration."""
+    import re
+    bad = []
+    for f in sorted((REPO / "tests").glob("test_*.py")):
+        text = f.read_text()
+        for m in re.finditer(r'(?<![.\w])(sh|subprocess\.run|subprocess\.check_output)\(\s*\[?\s*"modprobe"', text):
+            depth, end = 0, m.start()
+            for end in range(text.index("(", m.start()), len(text)):       # the whole call, parentheses matched
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            call = text[m.start():end + 1]
+            if '"-C"' not in call:
+                bad.append(f"{f.name}:{text.count(chr(10), 0, m.start()) + 1}")
+    assert bad == [], bad
