@@ -277,3 +277,13 @@ def test_tests_run_modprobe_with_a_private_module_configuration():
             if '"-C"' not in call:
                 bad.append(f"{f.name}:{text.count(chr(10), 0, m.start()) + 1}")
     assert bad == [], bad
+
+
+def test_tools_test_is_strict_whatever_the_environment_says():
+    """tools/test (CI's entry) runs pytest with SPARK_MEMSAVER_TESTS_STRICT=1 set on its own exec line, after
+    the caller's environment: an exported SPARK_MEMSAVER_TESTS_STRICT=0 cannot turn a missing tool into a skip."""
+    text = (REPO / "tools/test").read_text()
+    run = [ln for ln in text.splitlines() if ln.startswith("exec ")]
+    assert len(run) == 1 and f" {needs.STRICT_ENV}=1 " in run[0] and "-m pytest" in run[0], run
+    assert run[0].index(f"{needs.STRICT_ENV}=1") < run[0].index("/usr/bin/python3")
+    assert text.count(needs.STRICT_ENV) == 1, "tools/test reads or unsets the strict switch somewhere else"
