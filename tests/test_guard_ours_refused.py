@@ -130,3 +130,17 @@ def test_the_shipped_guard_has_no_test_only_knob():
     text = GUARD.read_text()
     knobs = set(re.findall(r"SPARK_MEMSAVER_GUARD_[A-Z_]+", text))
     assert knobs == {f"SPARK_MEMSAVER_GUARD_{k}" for k in ("KVER", "MODDIR", "ROOT", "CONFIG", "DRYRUN", "LOG_MAX")}
+
+
+def test_stock_insert_refused_by_the_kernel_is_a_refusal(tmp_path):
+    """Ours refused, then the kernel refuses the verified stock module too (insmod by path): the guard says
+    REFUSED and exits 1, never 0. (Kills: ``"$INSMOD" ... || refuse`` -> ``&&``, which the dry run could not
+    reach.)"""
+    root = _tree(tmp_path, nv="550.163.01", stock_uvm="550.163.01", ours="550.163.01")
+    kernelstandin.install(root)
+    kernelstandin.refuse(root, p(root, "updates/dkms/nvidia-uvm.ko"), "Key was rejected by service")
+    kernelstandin.refuse(root, p(root, "kernel/nvidia-open/nvidia-uvm.ko"), "Invalid module format")
+    r = run(root, env=LIVE)
+    assert r.returncode == 1 and inserted(r) == [], r.stdout + r.stderr
+    assert "could not insert module" in r.stderr and "REFUSED: insmod" in r.stderr
+    assert "REFUSED" in guard_log(root)
