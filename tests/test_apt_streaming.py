@@ -71,6 +71,61 @@ def test_the_cap_is_enforced_while_reading(tmp_path):
     assert f["readable"] and f["nvidia_ko"] == {K: "580.159"}
 
 
+def _sparse_deb(tmp: Path, fmt: str, hole_mib: int = 300) -> Path:
+    """A .deb whose data.tar (GNU tar --sparse, ``fmt``) carries the nvidia.ko as a sparse member: a real ELF
+    module followed by a ``hole_mib`` MiB hole the archive does not store (a ~20 KiB .deb). Put together with ar
+    as dpkg-deb lays one out (dpkg-deb -b never writes sparse members)."""
+    tree = tmp / "data"
+    ko = tree / KO
+    ko.parent.mkdir(parents=True)
+    sparkroot.make_module(ko, [("version", "580.159"), ("license", "Dual MIT/GPL"), ("name", "nvidia"),
+                               ("vermagic", f"{K} SMP mod_unload modversions")])
+    with open(ko, "r+b") as f:
+        f.truncate(ko.stat().st_size + (hole_mib << 20))
+    (tmp / "ctl").mkdir()
+    (tmp / "ctl/control").write_text(f"Package: linux-modules-nvidia-580-open-{K}\nVersion: 1\n"
+                                     f"Architecture: {ARCH}\nMaintainer: t <t@example.org>\nDescription: t\n")
+    subprocess.run(["tar", "-czf", str(tmp / "control.tar.gz"), "-C", str(tmp / "ctl"), "./control"], check=True)
+    subprocess.run(["tar", "--sparse", f"--format={fmt}", "--owner=0", "--group=0", "-cf", str(tmp / "data.tar"),
+                    "-C", str(tree), "./" + KO], check=True)
+    (tmp / "debian-binary").write_text("2.0\n")
+    deb = tmp / "sparse.deb"
+    subprocess.run(["ar", "rc", str(deb), "debian-binary", "control.tar.gz", "data.tar"], cwd=tmp, check=True)
+    return deb
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "posix"])
+def test_a_sparse_member_is_refused_before_it_is_written(tmp_path, fmt, monkeypatch):
+    """A ~20 KiB .deb whose nvidia.ko is a sparse member of 300 MiB (GNU and pax sparse formats): before,
+    the copy wrote 300 MiB of zeros to a temporary file as root inside apt's transaction (the 1 GiB cap counted
+    only the archive's bytes). Now the member is refused unread: no version (the door counts the driver
+    unknown), and nothing is written to the temporary directory."""
+    deb = _sparse_deb(tmp_path, fmt)
+    assert deb.stat().st_size < 64 << 10
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
+    assert KO in listing                    # dpkg-deb reads it as a package
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(apt_facts.tempfile, "tempdir", str(scratch))
+    written = []
+    real = apt_facts._modinfo_version
+    monkeypatch.setattr(apt_facts, "_modinfo_version", lambda *a, **kw: written.append(a[2]) or real(*a, **kw))
+    assert apt_facts.nvidia_ko_versions(Host("/"), str(deb), {K: "/" + KO}) == {}
+    assert written == [] and list(scratch.iterdir()) == []
+    f = apt_facts.deb_facts(Host("/"), str(deb))
+    assert f["readable"] and f.get("nvidia_ko", {}) == {}
+
+
+def test_a_member_over_the_member_cap_is_refused_and_the_copy_is_capped(tmp_path):
+    """A wanted member larger than member_limit is refused by its size before anything is copied; and the copy
+    itself stops at the cap whatever the member claims (here a reader without end: /dev/zero)."""
+    deb = _deb(tmp_path, 1)
+    assert apt_facts.nvidia_ko_versions(Host("/"), str(deb), {K: "/" + KO}, member_limit=1024) == {}
+    assert apt_facts.nvidia_ko_versions(Host("/"), str(deb), {K: "/" + KO}) == {K: "580.159"}
+    with open("/dev/zero", "rb") as endless, pytest.raises(apt_facts.TarTooLarge):
+        apt_facts._modinfo_version(Host("/"), endless, "nvidia.ko", limit=3 << 20)
+
+
 def test_a_damaged_deb_is_no_version(tmp_path):
     deb = _deb(tmp_path, 1)
     data = deb.read_bytes()

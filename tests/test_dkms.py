@@ -49,6 +49,21 @@ def sh(*argv, check=False, **kw):
     return p
 
 
+@pytest.fixture(scope="module")
+def modconf(tmp_path_factory) -> Path:
+    """The module configuration the tests read with (modprobe -C): a private, empty one. Never the host's
+    /etc/modprobe.d and /lib/modprobe.d, where an installed spark-memsaver's install rule for nvidia_uvm (or
+    any administrator's options) changes what modprobe prints: `tools/run` then `tools/test` on one machine."""
+    d = tmp_path_factory.mktemp("modprobe.d")
+    (d / "empty.conf").write_text("# no module configuration: the tests read the module tree only\n")
+    return d
+
+
+def show_depends(kernel, name, conf: Path) -> list[str]:
+    """modprobe --show-depends with the private configuration ``conf``: the files a load would insert."""
+    return sh("modprobe", "-C", conf, "-S", kernel, "--show-depends", name, check=True).stdout.split("\n")
+
+
 def selected_path(kernel, name="nvidia-uvm"):
     p = sh("modinfo", "-k", kernel, "-n", name)
     return p.stdout.strip() if p.returncode == 0 else None
@@ -420,7 +435,7 @@ def test_symbol_crcs_equal_the_installed_nvidia_ko(host_env, built):
     host, kernel, stock = host_env
     res, _ = built
     nv = _crcs_by_objcopy(stock["nvidia"])
-    dump = sh("modprobe", "--dump-modversions", res["module"], check=True).stdout
+    dump = sh("modprobe", "-C", "/dev/null", "--dump-modversions", res["module"], check=True).stdout
     ours = {s: int(c, 16) for c, s in (l.split("\t")[:2] for l in dump.splitlines() if "\t" in l)}
     uvm = {s: c for s, c in ours.items() if s.startswith("nvUvmInterface")}
     assert len(uvm) >= 70, len(uvm)
@@ -471,7 +486,7 @@ def test_pre_install_guard_refuses_a_mismatched_build(host_env, built):
     assert odkms.installed_version(host, kernel) is None
 
 
-def test_install_selects_the_verified_override(host_env, installed):
+def test_install_selects_the_verified_override(host_env, installed, modconf):
     host, kernel, stock = host_env
     r = installed["installed"][0]
     want = f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko"
@@ -479,7 +494,7 @@ def test_install_selects_the_verified_override(host_env, installed):
     v = override.verify_installed(host, kernel)
     assert v["ok"], v["problems"]
     assert v["matches_dkms_copy"] and v["facts"]["nvidia_symbols"] >= 70
-    deps = sh("modprobe", "-S", kernel, "--show-depends", "nvidia_uvm", check=True).stdout.split("\n")
+    deps = show_depends(kernel, "nvidia_uvm", modconf)
     assert deps[0].endswith(stock["nvidia"] + " ") or stock["nvidia"] in deps[0]
     assert want in deps[1]
     # the stock file is untouched where the driver package put it

@@ -46,8 +46,8 @@ def unreadable_ours(root: Path, version="550.163.01", kernel=K) -> str:
     xz = Path(str(ko) + ".xz")
     xz.write_bytes(xz.read_bytes()[:100])
     # the precondition: modprobe still selects the damaged file, modinfo fails on it
-    sel = subprocess.run(["modprobe", "-d", str(root), "-S", kernel, "--ignore-install", "--dry-run",
-                          "--show-depends", "nvidia_uvm"], capture_output=True, text=True)
+    sel = subprocess.run(["modprobe", "-d", str(root), "-C", str(root / "etc/modprobe.d"), "-S", kernel,
+                          "--ignore-install", "--dry-run", "--show-depends", "nvidia_uvm"], capture_output=True, text=True)
     assert str(xz) in sel.stdout, sel.stdout + sel.stderr
     assert subprocess.run(["modinfo", "-b", str(root), "-k", kernel, "nvidia_uvm"],
                           capture_output=True).returncode != 0

@@ -9,6 +9,7 @@ tests/test_gpu.py (-m gpu) on a GPU machine.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -113,20 +114,39 @@ def test_hazard_range_upper_bound_is_exclusive():
 
 # --- the event log -----------------------------------------------------------------------------------------
 
-def test_event_log_never_writes_through_a_symlink(tmp_path):
+def test_event_log_never_writes_through_a_symlink(tmp_path, caplog):
     """/var/lib/spark-memsaver/events.jsonl planted as a symlink to another file of the root: record() refuses
-    (O_NOFOLLOW on the log's own path, also under a root prefix) and the target is untouched. (Kills: dropping
-    O_NOFOLLOW; found with it: under a prefix the link was resolved before the open and written through.)"""
+    (O_NOFOLLOW on the log's own path, also under a root prefix: the kernel's ELOOP is the reason it gives) and
+    the target is untouched. (Kills: dropping O_NOFOLLOW -- the open then follows the link, the reopen loop
+    meets a different file each time and gives up with event-log-unstable instead of ELOOP; found with it: under
+    a prefix the link was resolved before the open and written through.)"""
     host = Host(tmp_path)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     p = host.path(events.EVENTS)
     p.parent.mkdir(parents=True)
     os.symlink("../../../victim", p)
-    assert events.record(host, "build", {"kernel": K}, {"ok": True}) is False
+    with caplog.at_level("WARNING", logger=events.__name__):
+        assert events.record(host, "build", {"kernel": K}, {"ok": True}) is False
+    assert os.strerror(errno.ELOOP) in caplog.text and "event-log-unstable" not in caplog.text
     assert victim.read_text() == "precious\n" and p.is_symlink()
     p.unlink()
     assert events.record(host, "build", {"kernel": K}, {"ok": True}) is True and "build" in p.read_text()
+
+
+def test_event_log_reopen_is_bounded(tmp_path):
+    """The writer reopens the log when a rotation renamed a new file over the one it opened; a path that names
+    another file after every open (here: a symlink opened without O_NOFOLLOW, which is what the loop would meet
+    if that flag were lost) ends after events.REOPENS opens with the named error, never a loop for ever; the
+    file the link names is not written."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    p = tmp_path / "events.jsonl"
+    os.symlink(victim, p)
+    with pytest.raises(events.EventLogUnstable) as ei:
+        events._open_locked(str(p), events.OPEN_FLAGS & ~os.O_NOFOLLOW)
+    assert ei.value.code == "event-log-unstable" and str(events.REOPENS) in str(ei.value)
+    assert victim.read_text() == "precious\n"
 
 
 # --- the CUDA binding's size arguments ---------------------------------------------------------------------

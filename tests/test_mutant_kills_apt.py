@@ -157,6 +157,25 @@ def test_the_doors_plan_and_notes_word_for_word():
     assert apt.assess(_world(K1), [_pk(K3, None, removed=True)])["notes"] == []
 
 
+def test_a_flavour_swap_at_the_same_version_removes_the_override():
+    """One APT run removes linux-modules-nvidia-550-open-K and installs linux-modules-nvidia-550-K (the closed
+    flavour) at the same version the override was built for: the open module it was built against goes, so
+    the override is removed (driver-removed), never kept. (Kills: dropping ``not gone and`` in assess's 'kept'
+    test -- the installed package's version alone would keep the override.)"""
+    w = _world(K1, built_for="550.163.01")
+    swap = [_pk(K1, None, removed=True, name="linux-modules-nvidia-550-open-" + K1),
+            _pk(K1, "550.163.01", name="linux-modules-nvidia-550-" + K1)]
+    for changes in (swap, swap[::-1]):
+        r = apt.assess(w, changes)
+        assert [(s.action, s.kernel, s.driver_from, s.driver_to, s.code) for s in r["steps"]] == [
+            ("remove-override", K1, "550.163.01", None, "driver-removed")], r
+        assert "linux-modules-nvidia-550-open-" + K1 in r["steps"][0].reason
+        assert [n for n in r["notes"] if n["kind"] == "kept"] == []
+    # the same install without the removal keeps it (the test above sees the removal decide)
+    r = apt.assess(w, swap[1:])
+    assert r["steps"] == [] and [n["kind"] for n in r["notes"]] == ["kept"]
+
+
 def test_the_door_line():
     base = {"kernel": K1, "driver_from": "550.163.01", "driver_to": "550.163.02", "code": "driver-changing"}
     assert A.door_line(dict(base, ok=True)) == f"{K1}: driver 550.163.01 \u2192 550.163.02: override removed"

@@ -723,3 +723,26 @@ def test_hazard_findings_from_inputs_word_for_word(monkeypatch):
         "NVIDIA/open-gpu-kernel-modules#1269 needs aarch64/x86_64; this node is riscv64"
     with pytest.raises(record.FrozenInstanceError):
         hz.content_verdict(two.signature, "", 65536).state = "affected"
+
+
+# --- decide/plan.py: held, ours still consistent, config changed ---------------------------------------------
+
+def test_plan_held_kernel_with_ours_consistent_is_not_rebuilt_on_a_tier_change():
+    """Our module for 550.163.01 beside nvidia.ko 550.163.01 (consistent), built with tier 'leaf'; the config now
+    says '256' and the administrator's rollback holds the kernel: the plan says 'held' (no rebuild, the
+    resume command as remedy), never build-install. Without the hold the same world rebuilds, so the test sees
+    the hold decide it. (Kills: a held kernel rebuilt on a tier change, i.e. ``if hold and changed...`` -> a
+    condition without ``hold``, or the held step dropped.)"""
+    from spark_memsaver.decide import plan as rc
+    from tests.test_lifecycle import K as LK, SUPPORT, kern, snap
+    s = snap(kern(ours="550.163.01", nv="550.163.01"))
+    s["records"]["builds"] = [{"kernel": LK, "driver_version": "550.163.01", "tier": "leaf", "kernels": "64k-only"}]
+    cfg = Config(tier="256")
+    free = typed(rc.plan)(s, cfg, SUPPORT)
+    assert [(x.action, x.kernel) for x in free] == [("build-install", LK)], [x.to_dict() for x in free]
+    assert "configuration changed since the build (tier leaf -> " in free[0].reason
+    s["records"]["holds"] = [{"by": "rollback", "kernel": LK, "since": "2026-12-01T00:00:00Z"}]
+    steps = typed(rc.plan)(s, cfg, SUPPORT)
+    assert [(x.action, x.kernel) for x in steps] == [("held", LK)], [x.to_dict() for x in steps]
+    assert "no rebuild" in steps[0].reason and "tier leaf -> " in steps[0].reason
+    assert steps[0].remedy == "sudo spark-memsaver install"

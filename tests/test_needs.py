@@ -34,10 +34,30 @@ def test_gap_is_named_only_when_the_thing_is_really_absent(monkeypatch):
     assert needs.environment_gap(ModuleNotFoundError("x", name="json")) is None
     assert needs.environment_gap(ModuleNotFoundError("x", name="spark_memsaver_no_such_mod")) is not None
     from spark_memsaver.errors import CommandNotFound
-    assert needs.environment_gap(CommandNotFound(f"'{ABSENT}' is not installed", remedy="r")) is not None
+    # a program the product does not run (a misspelt name in the code) is a failure, never a skip
+    assert needs.environment_gap(CommandNotFound(f"'{ABSENT}' is not installed", remedy="r")) is None
+    assert needs.environment_gap(CommandNotFound("'modprob' is not installed", remedy="r")) is None
+    # one it runs, really absent (a PATH and sbin list without it): the machine's gap, with its package
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(needs, "_SBIN", ())
+    assert needs.environment_gap(CommandNotFound("'dkms' is not installed", remedy="r")) == \
+        "dkms is not installed (package dkms, tools/deps/*.txt)"
+    monkeypatch.undo()
     assert needs.environment_gap(CommandNotFound("'sh' is not installed", remedy="r")) is None
     assert needs.environment_gap(RuntimeError("anything")) is None
     assert needs.environment_gap(needs.Missing("x", "y")) == "x is not available here (y)"
+
+
+def test_product_programs_are_the_programs_the_product_runs_and_deps_install_them():
+    """needs.PRODUCT_PROGRAMS names every program the product's code runs by a literal name (Host.run/stream
+    argv[0], update-initramfs aside: it runs only where initramfs-tools is the host's), and each one's package
+    is in tools/deps/*.txt (coreutils: Essential)."""
+    import re
+    code = "\n".join(p.read_text() for p in (REPO / "daemon/spark_memsaver").rglob("*.py"))
+    ran = set(re.findall(r'(?:run|stream)\(\s*\[\s*"([^"]+)"', code)) - {"update-initramfs"}
+    assert ran and ran <= set(needs.PRODUCT_PROGRAMS), sorted(ran - set(needs.PRODUCT_PROGRAMS))
+    deps = set(" ".join(re.sub(r"#.*", "", p.read_text()) for p in (REPO / "tools/deps").glob("*.txt")).split())
+    assert set(needs.PRODUCT_PROGRAMS.values()) - deps == {"coreutils"}
 
 
 def test_require_skips_and_strict_fails(monkeypatch):
@@ -69,6 +89,10 @@ def _run_suite(tmp_path, strict: bool) -> str:
         def test_present_tool_failing_is_a_failure():
             subprocess.run(["sh", "-c", "exit 3"], check=True)
 
+        def test_product_running_a_misspelt_program_is_a_failure():
+            from spark_memsaver.host import Host
+            Host("/").run(["modprob", "--version"], timeout=5)
+
         @pytest.mark.needs({ABSENT!r})
         def test_marked():
             pass
@@ -89,14 +113,15 @@ def _run_suite(tmp_path, strict: bool) -> str:
 
 def test_hook_reports_absent_tools_as_skipped(tmp_path):
     out = _run_suite(tmp_path, strict=False)
-    assert "1 failed, 1 passed, 3 skipped" in out, out
+    assert "2 failed, 1 passed, 3 skipped" in out, out
     assert "FAILED test_gap.py::test_present_tool_failing_is_a_failure" in out, out
+    assert "FAILED test_gap.py::test_product_running_a_misspelt_program_is_a_failure" in out, out
     assert f"this machine lacks it: {ABSENT} is not installed" in out, out
 
 
 def test_hook_converts_nothing_under_tools_test(tmp_path):
     out = _run_suite(tmp_path, strict=True)
-    assert "2 failed, 1 passed, 2 errors" in out, out
+    assert "3 failed, 1 passed, 2 errors" in out, out
 
 
 def test_product_python_is_replaced_only_where_it_runs():
@@ -230,3 +255,35 @@ def test_ci_share_marked_tests_skip_only_under_ci(tmp_path):
         r = _inner_pytest(tmp_path, "test_share.py", source, "ci_share", **{needs.CI_SHARE_ENV: share})
         assert expect in r.stdout, r.stdout
         assert ("costs 20 min cold" in r.stdout) == (share == "1"), r.stdout
+
+
+def test_tests_run_modprobe_with_a_private_module_configuration():
+    """The suite does not read the host's product state: every modprobe a test runs on this machine names its
+    module configuration (-C: a fixture root's etc/modprobe.d or a private one), so an installed spark-memsaver's
+    install rule for nvidia_uvm (/lib/modprobe.d/spark-memsaver.conf, after `tools/run`) changes nothing a test
+    reads. (Before: tests/test_dkms.py's --show-depends printed the rule instead of the files to insert.) A call
+    inside a container (``c.run``/``self.c.run``) reads that container's own configuration."""
+    import re
+    bad = []
+    for f in sorted((REPO / "tests").glob("test_*.py")):
+        text = f.read_text()
+        for m in re.finditer(r'(?<![.\w])(sh|subprocess\.run|subprocess\.check_output)\(\s*\[?\s*"modprobe"', text):
+            depth, end = 0, m.start()
+            for end in range(text.index("(", m.start()), len(text)):       # the whole call, parentheses matched
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            call = text[m.start():end + 1]
+            if '"-C"' not in call:
+                bad.append(f"{f.name}:{text.count(chr(10), 0, m.start()) + 1}")
+    assert bad == [], bad
+
+
+def test_tools_test_is_strict_whatever_the_environment_says():
+    """tools/test (CI's entry) runs pytest with SPARK_MEMSAVER_TESTS_STRICT=1 set on its own exec line, after
+    the caller's environment: an exported SPARK_MEMSAVER_TESTS_STRICT=0 cannot turn a missing tool into a skip."""
+    text = (REPO / "tools/test").read_text()
+    run = [ln for ln in text.splitlines() if ln.startswith("exec ")]
+    assert len(run) == 1 and f" {needs.STRICT_ENV}=1 " in run[0] and "-m pytest" in run[0], run
+    assert run[0].index(f"{needs.STRICT_ENV}=1") < run[0].index("/usr/bin/python3")
+    assert text.count(needs.STRICT_ENV) == 1, "tools/test reads or unsets the strict switch somewhere else"

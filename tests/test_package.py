@@ -172,9 +172,11 @@ def test_maintainer_scripts(deb, tmp_path):
     assert "deb-systemd-invoke" in post and "spark-memsaverd.service" in post  # dh_installsystemd ran
     assert "systemd-tmpfiles" in post                                         # dh_installtmpfiles ran
     assert "py3compile -p spark-memsaver" in post                             # dh_python3 ran
-    # postrm purge never touches shared signing keys
+    # postrm purge never touches shared signing keys (it reads only our drop-in's mok_* lines)
     postrm = (tmp_path / "c/postrm").read_text()
-    assert "mok" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "")
+    assert "mok" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "") \
+        .replace("mok_signing_key", "").replace("mok_certificate", "")
+    assert "shim-signed" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "")
 
 
 def test_bash_completion_is_clicks(deb, tmp_path):
@@ -392,3 +394,74 @@ def test_install_never_fails_when_it_cannot_build(deb, driver_deb, suite):
         # and it can still be removed cleanly
         r = c.run(["apt-get", "purge", "-y", "spark-memsaver"], check=False, timeout=600)
         assert r.returncode == 0, f"purge failed:\n{_tail(r.stdout)}\n{_tail(r.stderr)}"
+
+
+# a second DKMS module, not ours: what DKMS does for every other module on the node after our purge
+HELLO = {
+    "dkms.conf": 'PACKAGE_NAME="smhello"\nPACKAGE_VERSION="1.0"\nBUILT_MODULE_NAME[0]="smhello"\n'
+                 'DEST_MODULE_LOCATION[0]="/updates/dkms"\nAUTOINSTALL="no"\n'
+                 'MAKE[0]="make -C ${kernel_source_dir} M=${dkms_tree}/${PACKAGE_NAME}/${PACKAGE_VERSION}/build modules"\n'
+                 'CLEAN="true"\n',
+    "Makefile": "obj-m := smhello.o\n",
+    "smhello.c": '#include <linux/module.h>\nstatic int __init h_init(void) { return 0; }\n'
+                 'static void __exit h_exit(void) { }\nmodule_init(h_init);\nmodule_exit(h_exit);\n'
+                 'MODULE_LICENSE("GPL");\n',
+}
+FLEET_KEY, FLEET_CERT = "/etc/spark-memsaver/private/fleet-signing.key", "/etc/spark-memsaver/fleet-signing.crt"
+DROPIN = "/etc/dkms/framework.conf.d/spark-memsaver.conf"
+
+
+def _build_hello(c, kernel) -> tuple[str, str, str]:
+    """dkms build of the second module: (its output, signer, sig_key) of the module DKMS built."""
+    c.run(["dkms", "remove", "-m", "smhello", "-v", "1.0", "--all"], check=False, timeout=120)
+    r = c.run(["dkms", "build", "-m", "smhello", "-v", "1.0", "-k", kernel], check=False, timeout=900)
+    assert r.returncode == 0, f"dkms build of a second module failed:\n{_tail(r.stdout)}\n{_tail(r.stderr)}"
+    ko = c.sh(f"ls /var/lib/dkms/smhello/1.0/{kernel}/*/module/smhello.ko*").stdout.split()[0]
+    return r.stdout + r.stderr, _modinfo(c, "signer", ko), _modinfo(c, "sig_key", ko).replace(":", "").upper()
+
+
+def test_purge_with_a_fleet_key_leaves_other_modules_signed(deb):
+    """A node with the Ansible role's fleet key (/etc/spark-memsaver/private/fleet-signing.key, our drop-in
+    naming it for every DKMS module), then apt purge: the drop-in goes with the key, and DKMS 3.0.10 (Debian
+    12) signs a second module with its own default key (/var/lib/dkms/mok.key, made on first use). What the
+    purge used to leave -- the drop-in naming the deleted key -- is put back by hand at the end: DKMS then
+    builds that module unsigned ("can't be generated, modules won't be signed")."""
+    kernels = nspawn.kernel_headers()
+    if not kernels:
+        needs.absent("kernel headers", "tools/deps/base.txt installs linux-headers-amd64")
+    kernel = kernels[0]
+    with _container("bookworm") as c:
+        pkg = c.copy_in(deb, "/root/")
+        r = c.run(["apt-get", "install", "-y", pkg], check=False, timeout=600)
+        assert r.returncode == 0, f"apt install failed:\n{_tail(r.stdout)}\n{_tail(r.stderr)}"
+        c.sh(f"install -d -m 700 /etc/spark-memsaver/private && umask 077 && "
+             f"openssl req -new -x509 -nodes -days 3650 -subj '/CN=test fleet key' -newkey rsa:2048 "
+             f"-keyout {FLEET_KEY} -out {FLEET_CERT} 2>/dev/null && chmod 644 {FLEET_CERT} && "
+             f"printf 'signing_key: {FLEET_KEY}\\nsigning_cert: {FLEET_CERT}\\n' >> /etc/spark-memsaver/config.yaml")
+        # what a build does first (act/build.py): DKMS is pointed at the configured key
+        c.run(["python3", "-c", "from spark_memsaver.act import signing; from spark_memsaver.config import load; "
+               "from spark_memsaver.host import Host; signing.ensure(Host('/'), load())"], timeout=120)
+        dropin = c.sh(f"cat {DROPIN}").stdout
+        assert f"mok_signing_key={FLEET_KEY}" in dropin, dropin
+        stale = dropin
+
+        r = c.run(["apt-get", "purge", "-y", "spark-memsaver"], check=False, timeout=600)
+        assert r.returncode == 0, f"apt purge failed:\n{_tail(r.stdout)}\n{_tail(r.stderr)}"
+        assert not c.exists("/etc/spark-memsaver") and not c.exists(DROPIN), c.sh(f"ls -l {DROPIN}", check=False)
+
+        for rel, text in HELLO.items():
+            c.sh(f"mkdir -p /usr/src/smhello-1.0 && cat > /usr/src/smhello-1.0/{rel}", input=text)
+        c.run(["dkms", "add", "-m", "smhello", "-v", "1.0"], timeout=120)
+        out, signer, sig_key = _build_hello(c, kernel)
+        serial = c.sh("openssl x509 -inform DER -in /var/lib/dkms/mok.pub -noout -serial").stdout
+        assert signer and sig_key and serial.strip().split("=")[1].upper().lstrip("0") == sig_key.lstrip("0"), \
+            f"after purge the second module is not signed with DKMS's own key: signer={signer!r} " \
+            f"sig_key={sig_key!r} mok.pub {serial!r}\n{_tail(out)}"
+        print(f"after purge: smhello signed by {signer!r} ({sig_key}), DKMS's default key")
+
+        # the state the purge used to leave: the drop-in naming the deleted fleet key
+        c.sh(f"cat > {DROPIN}", input=stale)
+        out, signer, _ = _build_hello(c, kernel)
+        assert not signer and "won't be signed" in out, f"signer={signer!r}\n{_tail(out)}"
+        print("with the stale drop-in: smhello unsigned (DKMS: " +
+              next(ln for ln in out.splitlines() if "won't be signed" in ln).strip() + ")")

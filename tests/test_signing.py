@@ -221,3 +221,72 @@ def test_build_signing_question_is_named_never_unsigned(tmp_path, monkeypatch, c
     if config == "unreadable":
         (root / f"lib/modules/{kernel}/build/.config").rmdir()
     assert build._signing_for(host, None, kernel)["applies"] is False
+
+
+# --- purge and remove leave DKMS's signing as they found it (issue 35 item 2) ------------------------------
+
+POSTRM = Path(__file__).resolve().parent.parent / "packaging/debian/spark-memsaver.postrm"
+FLEET_KEY, FLEET_CERT = "/etc/spark-memsaver/private/fleet-signing.key", "/etc/spark-memsaver/fleet-signing.crt"
+
+
+def _postrm(root: Path, action: str) -> subprocess.CompletedProcess:
+    """The package's postrm as dpkg runs it for ``action``, under dpkg's root prefix ($DPKG_ROOT)."""
+    r = subprocess.run(["sh", str(POSTRM), action], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, DPKG_ROOT=str(root)))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _fleet_root(tmp_path: Path, pair) -> tuple[Path, Host]:
+    """The Ansible role's layout: a fleet key under /etc/spark-memsaver/private, our drop-in pointing at it
+    (written by act/signing.py, as a build does), DKMS's own default pair beside, another module's drop-in."""
+    root = _root(tmp_path, pair, FLEET_KEY, FLEET_CERT)
+    for rel, data, mode in (("var/lib/dkms/mok.key", pair[0], 0o600), ("var/lib/dkms/mok.pub", pair[1], 0o644)):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        os.chmod(root / rel, mode)
+    other = root / "etc/dkms/framework.conf.d/10-other.conf"
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_text("sign_file=/usr/lib/linux-kbuild-6.1/scripts/sign-file\n")
+    host = Host(str(root))
+    res = signing.ensure(host, _cfg(FLEET_KEY, FLEET_CERT))
+    assert res["changes_global_signing"] and (root / signing.DROPIN.lstrip("/")).is_file()
+    return root, host
+
+
+def test_purge_takes_our_dkms_dropin_with_the_fleet_key(tmp_path, pair):
+    """apt purge deletes /etc/spark-memsaver (and the fleet key in private/): our framework.conf.d drop-in,
+    which names that key for EVERY DKMS module, goes with it, and DKMS signs with its own default again
+    (before: the drop-in stayed, and DKMS 3.0.10, unable to make a key in the missing directory, built every
+    module unsigned). Another module's drop-in and DKMS's own key are untouched."""
+    root, host = _fleet_root(tmp_path, pair)
+    r = _postrm(root, "purge")
+    assert not (root / "etc/spark-memsaver").exists()
+    assert not (root / signing.DROPIN.lstrip("/")).exists(), "our drop-in outlived the key it names"
+    assert "DKMS signs modules with its own default key again" in r.stderr
+    assert (root / "etc/dkms/framework.conf.d/10-other.conf").read_text().startswith("sign_file=")
+    assert (root / "var/lib/dkms/mok.key").is_file() and (root / "var/lib/dkms/mok.pub").is_file()
+    # what DKMS sources now (bash, as DKMS does): no signing key of ours is named anywhere
+    conf = root / "etc/dkms"
+    r = subprocess.run(["bash", "-c", 'for f in "$1/framework.conf" "$1"/framework.conf.d/*.conf; do . "$f"; done; '
+                        'printf "%s|%s" "${mok_signing_key:-}" "${mok_certificate:-}"', "_", str(conf)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == "|", r.stdout + r.stderr
+    p = signing.plan(host, Config())
+    assert (p["key"], p["cert"], p["needs_dropin"]) == (signing.DKMS_KEY, signing.DKMS_CERT, False)
+
+
+def test_remove_keeps_our_dropin_while_its_key_exists_and_drops_it_when_gone(tmp_path, pair):
+    """apt remove keeps configuration (the fleet key stays, so the drop-in still names a usable key and DKMS
+    keeps signing other modules with the enrolled key); one whose key or certificate is gone is removed."""
+    root, host = _fleet_root(tmp_path, pair)
+    dropin = root / signing.DROPIN.lstrip("/")
+    _postrm(root, "remove")
+    assert dropin.is_file() and (root / FLEET_KEY.lstrip("/")).is_file()
+    (root / FLEET_KEY.lstrip("/")).unlink()
+    _postrm(root, "remove")
+    assert not dropin.exists()
+    # a drop-in someone else wrote under our name is never removed (only a file with our mark)
+    dropin.write_text("mok_signing_key=/nowhere/k.key\nmok_certificate=/nowhere/k.der\n")
+    _postrm(root, "purge")
+    assert dropin.is_file()

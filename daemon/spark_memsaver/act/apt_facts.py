@@ -6,7 +6,9 @@ v3 line's action) its control fields (``dpkg-deb -f``), the kernel modules it sh
 the driver, the version of each nvidia.ko it ships (``modinfo`` of the file read from ``dpkg-deb
 --fsys-tarfile``, streamed: tarfile reads the pipe as it comes, each wanted .ko goes straight to a temporary
 file, and at most :data:`MAX_TAR` bytes are read before it gives up -- nothing of the archive is held in
-memory, inside apt's own transaction); for a package APT removes, its installed file list (``dpkg-query -L``). Nothing is
+memory, inside apt's own transaction; a wanted member larger than :data:`MAX_MEMBER`, or sparse (GNU/pax
+sparse members expand holes that the archive does not carry: a 10 KiB archive could write hundreds of MiB), is
+refused, and the copy itself stops at :data:`MAX_MEMBER` bytes); for a package APT removes, its installed file list (``dpkg-query -L``). Nothing is
 installed or unpacked on the system; no dpkg lock is taken. A fact that cannot be read is left out and
 the package counts as "driver unknown" (the door then removes, fail safe).
 """
@@ -27,6 +29,7 @@ NVIDIA_KO_RE = re.compile(r"(?:^|/)nvidia\.ko(?:\.(?:xz|zst|gz))?$")
 TREE_RE = re.compile(r"^/?(?:\./)?usr/src/(nvidia[^/]*)/?$")
 FIELDS = ("Package", "Version", "Depends", "Provides")
 MAX_TAR = 1 << 30          # never read more than 1 GiB of a package's contents
+MAX_MEMBER = 512 << 20     # never copy more than 512 MiB of one module (an nvidia.ko is well under 200 MiB)
 log = logging.getLogger(__name__)
 
 
@@ -85,11 +88,16 @@ def _deb_path(host: Host, action: str) -> str | None:
     return next((c for c in cands if os.path.isfile(c)), None)
 
 
-def _modinfo_version(host: Host, member, name: str) -> str | None:
-    """modinfo's version of a tar member, copied in chunks to a temporary file (never whole in memory)."""
+def _modinfo_version(host: Host, member, name: str, limit: int = MAX_MEMBER) -> str | None:
+    """modinfo's version of a tar member, copied in chunks to a temporary file (never whole in memory, never
+    more than ``limit`` bytes: TarTooLarge)."""
     suffix = "".join(re.findall(r"\.ko(?:\.\w+)?$", name)) or ".ko"
     with tempfile.NamedTemporaryFile(prefix="spark-memsaver-apt-", suffix=suffix) as f:
-        while chunk := member.read(1 << 20):
+        copied = 0
+        while chunk := member.read(min(1 << 20, limit + 1 - copied)):
+            copied += len(chunk)
+            if copied > limit:
+                raise TarTooLarge(f"{name}: more than {limit} bytes")
             f.write(chunk)
         f.flush()
         r = host.run(["modinfo", "-F", "version", f.name], timeout=30)
@@ -97,9 +105,11 @@ def _modinfo_version(host: Host, member, name: str) -> str | None:
     return v or None
 
 
-def nvidia_ko_versions(host: Host, deb: str, wanted: dict[str, str], limit: int = MAX_TAR) -> dict[str, str]:
+def nvidia_ko_versions(host: Host, deb: str, wanted: dict[str, str], limit: int = MAX_TAR,
+                       member_limit: int = MAX_MEMBER) -> dict[str, str]:
     """{kernel: version} of the nvidia.ko files ``wanted`` ({kernel: path}) inside ``deb``; {} when the
-    archive cannot be read or holds more than ``limit`` bytes (the caller then counts the driver unknown)."""
+    archive cannot be read, holds more than ``limit`` bytes, or a wanted member is sparse or larger than
+    ``member_limit`` (the caller then counts the driver unknown)."""
     by_path = {p.lstrip("/"): k for k, p in wanted.items()}
     out: dict[str, str] = {}
     with host.runner.stream(["dpkg-deb", "--fsys-tarfile", deb], timeout=300) as st:
@@ -109,14 +119,18 @@ def nvidia_ko_versions(host: Host, deb: str, wanted: dict[str, str], limit: int 
                 for m in tf:
                     name = m.name[2:] if m.name.startswith("./") else m.name.lstrip("/")
                     if name in by_path and m.isfile():
-                        v = _modinfo_version(host, tf.extractfile(m), name)
+                        if m.issparse() or m.size > member_limit:
+                            raise TarTooLarge(f"{name}: " + ("a sparse member" if m.issparse()
+                                                             else f"{m.size} bytes"))
+                        v = _modinfo_version(host, tf.extractfile(m), name, member_limit)
                         if v:
                             out[by_path[name]] = v
                         del by_path[name]
                         if not by_path:
                             break       # the rest of the archive is never read
-        except TarTooLarge:
-            log.warning("%s: its contents pass %d bytes: its nvidia.ko versions are not read", deb, limit)
+        except TarTooLarge as e:
+            log.warning("%s: refused (%s; at most %d bytes in all, %d a module, no sparse member): its nvidia.ko "
+                        "versions are not read", deb, e, limit, member_limit)
             return {}
         except tarfile.TarError as e:
             log.warning("%s: cannot read its contents: %s", deb, e)

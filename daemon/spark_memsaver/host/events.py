@@ -28,6 +28,7 @@ import logging
 import os
 import time
 
+from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import paths
 from spark_memsaver.host.fsutil import atomic_write, loads_strict
 
@@ -44,6 +45,16 @@ NOTES = ("step", "hook", "rolled-back", "rollback-cleared")
 LISTS = ("packages", "sources_seen", "removed", "kept")    # the APT door's lists of names
 _ARGS = ("kernel", "driver_version", "driver", "all_kernels", "force", "reason", "code")
 LOCK_WAIT = 5.0              # seconds a writer waits for a rotation; then it appends without the lock
+REOPENS = 20                 # a log replaced under the writer more often than this is not a rotation
+OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class EventLogUnstable(MemsaverError):
+    """The log's path named another file after each of :data:`REOPENS` opens: something keeps replacing it."""
+
+    code = "event-log-unstable"
+    remedy = ("Check what replaces /var/lib/spark-memsaver/events.jsonl (ls -l it: it must be a regular file "
+              "owned by root); the operation itself was not affected.")
 
 
 def _now() -> str:
@@ -109,13 +120,13 @@ def note(host, kind: str, **fields) -> bool:
     return _append(host, ev)
 
 
-def _open_locked(p: str) -> int:
+def _open_locked(p: str, flags: int = OPEN_FLAGS) -> int:
     """An O_APPEND descriptor of the log, flocked when the lock comes within LOCK_WAIT; reopened when a rotation
-    renamed a new file over the one it opened."""
+    renamed a new file over the one it opened, at most :data:`REOPENS` times (then :class:`EventLogUnstable`)."""
     import fcntl
     deadline = time.monotonic() + LOCK_WAIT
-    while True:
-        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    for _ in range(REOPENS):
+        fd = os.open(p, flags, 0o644)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -131,6 +142,7 @@ def _open_locked(p: str) -> int:
         if same:
             return fd
         os.close(fd)
+    raise EventLogUnstable(f"{p} named another file after each of {REOPENS} opens", path=p)
 
 
 def _append(host, ev: dict) -> bool:
@@ -158,6 +170,9 @@ def _append(host, ev: dict) -> bool:
         return True
     except OSError as e:
         log.warning("cannot record the %s event in %s: %s", ev.get("op"), p, e.strerror or e)
+        return False
+    except EventLogUnstable as e:
+        log.warning("cannot record the %s event: error[%s]: %s", ev.get("op"), e.code, e)
         return False
 
 
