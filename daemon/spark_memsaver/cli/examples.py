@@ -32,6 +32,8 @@ EXAMPLES = {
     "history": ["spark-memsaver history --since 2h", "spark-memsaver history --since 1d --json"],
     "events": ["spark-memsaver events", "spark-memsaver events --since 1d --json"],
     "metrics": ["spark-memsaver metrics", "spark-memsaver metrics --output /tmp/spark-memsaver.prom"],
+    "memory": ["spark-memsaver memory", "spark-memsaver memory --need 100G",
+               "spark-memsaver memory --json | jq .free_blocks_of"],
     "config show": ["spark-memsaver config show", "spark-memsaver --config /tmp/new.yaml config show"],
 }
 

@@ -21,7 +21,8 @@ from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, Memsave
 # none of them.
 LAZY_COMMANDS = {"patch": "patch", "build": "build", "install": "build", "remove": "build", "mok": "mok",
                  "reconcile": "lifecycle", "rollback": "lifecycle", "activate": "lifecycle",
-                 "validate": "validate", "history": "history", "events": "events", "metrics": "metrics"}
+                 "validate": "validate", "history": "history", "events": "events", "metrics": "metrics",
+                 "memory": "memory"}
 
 
 def _set_global(ctx, param, value):
