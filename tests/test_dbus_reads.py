@@ -333,3 +333,25 @@ def test_get_events_index_reads_each_line_once(tmp_path):
     log.write_text(json.dumps({"op": "hook", "source": "rewritten", "time": "2026-12-06T06:00:00Z"}) + "\n" * 2
                    + "y" * (log.stat().st_size))                          # same file, longer, other lines
     assert idx.as_json(None, 5000) == events.as_json(host, None, 5000) and idx.whole_reads == 3
+
+
+def test_get_memory_is_an_open_read_of_the_memory_document(daemon, bus, spark):  # noqa: F811
+    """GetMemory: what `spark-memsaver memory --json` prints for the daemon's root, read at each call (a buddyinfo
+    written after the daemon started is there), open to uid 65534 and rate limited like every open read; the
+    per-process GPU figures are "unknown" there (no NVML in the daemon)."""
+    (spark / "proc/buddyinfo").write_text("Node 0, zone   Normal      1      2      3      4      5      6 \n")
+    r = gdbus_call(bus, "GetMemory", user="nobody")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(ast.literal_eval(r.stdout.strip())[0])
+    from spark_memsaver.decide import memory as decide
+    from spark_memsaver.observe import memory as observe
+    want = decide.model(observe.read(Host(str(spark)), gpu=False, blocks=False))
+    assert doc["rows"] == want["rows"] and doc["total_bytes"] == want["total_bytes"] > 0
+    assert [b["count"] for b in doc["free_blocks"]] == [1, 2, 3, 4, 5, 6]
+    assert doc["gpu"]["state"] == "unknown" and "NVML" in doc["gpu"]["reason"]
+    assert doc["uvm_page_tables"]["packed_bytes"] > 0          # the root's counters: ours is loaded there
+    # status's Memory line from the daemon: MemFree and the free blocks come with its latest sample
+    r = gdbus_call(bus, "GetStatus", user="nobody")
+    mem = json.loads(ast.literal_eval(r.stdout.strip())[0])["memory"]
+    assert mem["free"] == observe.read(Host(str(spark)), gpu=False)["meminfo"]["MemFree"]
+    assert mem["free_blocks"] and mem["free_blocks"][0]["size_bytes"] == 65536

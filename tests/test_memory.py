@@ -19,6 +19,7 @@ from spark_memsaver.decide import memory as decide
 from spark_memsaver.host import Host
 from spark_memsaver.observe import gpuprocs
 from spark_memsaver.observe import memory as observe
+from spark_memsaver.observe import procmem
 from tests.support import sparkroot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def kinds(doc) -> dict:
 
 
 def meminfo(r) -> dict:
-    return observe.parse_meminfo(Path(r, "proc/meminfo").read_text())
+    return procmem.parse_meminfo(Path(r, "proc/meminfo").read_text())
 
 
 @pytest.mark.parametrize("name", ["gb10-4k", "gb10-64k"])
@@ -120,7 +121,7 @@ def test_free_blocks_are_bytes_for_the_kernels_page_size(name, page, two_mib_ord
     assert sizes[two_mib_order] == 2 * MIB and sizes[-1] == largest and len(sizes) == 14
     if page == 65536:
         assert sizes[9] == 32 * MIB
-    buddy = observe.parse_buddyinfo(Path(FIX / name, "proc/buddyinfo").read_text())
+    buddy = procmem.parse_buddyinfo(Path(FIX / name, "proc/buddyinfo").read_text())
     want = sum(z["counts"][o] << (o - two_mib_order) for z in buddy for o in range(two_mib_order, 14))
     assert doc["free_blocks_of"][str(2 * MIB)] == want > 0
 
@@ -134,7 +135,7 @@ def test_the_fragmented_4k_node_has_no_free_32mib_block():
 
 
 def test_blocks_larger_than_the_largest_order_are_not_applicable():
-    blocks = decide.free_blocks([{"node": 0, "zone": "Normal", "counts": [1] * 11}], 4096)   # x86: 4 MiB max
+    blocks = procmem.free_blocks([{"node": 0, "zone": "Normal", "counts": [1] * 11}], 4096)   # x86: 4 MiB max
     assert decide.blocks_of(blocks, 32 * MIB) is None
     assert decide.blocks_of(blocks, 2 * MIB) == 1 + 2
 
@@ -153,7 +154,7 @@ def test_this_machines_pagetypeinfo_parses_when_readable():
     if text is None:
         assert os.geteuid() != 0          # root-only file: a user reads None, and the report says so
         return
-    pti = observe.parse_pagetypeinfo(text)
+    pti = procmem.parse_pagetypeinfo(text)
     assert pti["order"] is not None and pti["zones"] and "Unmovable" in pti["zones"][0]["blocks"]
     assert all(len(z["blocks"]) >= 4 for z in pti["zones"])
 
@@ -178,7 +179,7 @@ def test_verdict(need_gib, fits):
 
 
 def test_verdict_names_missing_large_blocks():
-    blocks = decide.free_blocks([{"node": 0, "zone": "Normal", "counts": [10 << 20] + [0] * 10}], 4096)  # 40 GiB, 4 KiB each
+    blocks = procmem.free_blocks([{"node": 0, "zone": "Normal", "counts": [10 << 20] + [0] * 10}], 4096)  # 40 GiB, 4 KiB each
     v = decide.verdict(GIB, 40 * GIB, 50 * GIB, blocks)
     assert v["fits"] == "now" and "0.00 GiB of it lies in free blocks of 2 MiB" in v["reason"]
 
@@ -262,3 +263,44 @@ def test_memory_on_this_machine():
     r = cli("memory")
     assert r.returncode == 0, r.stderr
     assert "Free now (what CUDA sees on GB10, MemFree)" in r.stdout and "Verdict: up to" in r.stdout
+
+
+# --- status's Memory line and the metrics ------------------------------------------------------------------
+
+def test_status_memory_line_has_the_gap_and_the_2mib_blocks(tmp_path):
+    """One line, from two small /proc files (no command run): the gap CUDA does not see and the 2 MiB blocks."""
+    r = sparkroot.make_spark_root(tmp_path / "r")
+    out = cli("--root", str(r), "status", "--direct")
+    assert out.returncode in (0, 1), out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("Memory:"))
+    mi = procmem.parse_meminfo(sparkroot.MEMINFO)
+    gap = (mi["MemAvailable"] - mi["MemFree"]) / GIB
+    # 64 KiB: 2 MiB is order 5; each larger block counts as 2**(order-5) of them
+    buddy = procmem.parse_buddyinfo(sparkroot.BUDDYINFO)
+    b2 = sum(z["counts"][o] << (o - 5) for z in buddy for o in range(5, 14))
+    assert f"gap {gap:.2f} GiB reclaimable; {b2} free 2 MiB blocks" in line, line
+    doc = json.loads(cli("--root", str(r), "status", "--json", "--direct").stdout)
+    assert doc["memory"]["free"] == mi["MemFree"] and doc["memory"]["free_blocks"][5] == \
+        {"size_bytes": 2 * MIB, "count": 180 + 60}
+
+
+def test_metrics_carry_the_rows_blocks_gap_and_pressure():
+    from spark_memsaver.report.metrics import exposition
+    from tests.test_monitoring import check_exposition, parse_exposition
+    for name in ("gb10-4k", "gb10-64k"):
+        mem = doc_of(FIX / name)
+        text = exposition({"state": "stock", "memory": {}, "host": {"page_size": mem["page_size"]}},
+                          memory_doc=mem)
+        check_exposition(text)
+        s = parse_exposition(text)
+        assert sum(v for _, v in s["spark_memsaver_memory_bytes"]) == mem["total_bytes"]
+        assert {lab["size"]: v for lab, v in s["spark_memsaver_free_blocks"]} == \
+            {str(k): float(v) for k, v in mem["free_blocks_of"].items()}
+        assert s["spark_memsaver_reclaimable_gap_bytes"][0][1] == mem["reclaimable_gap_bytes"]
+    some60 = [v for lab, v in s["spark_memsaver_memory_pressure_percent"] if lab == {"kind": "some", "window": "avg60"}]
+    assert some60 == [6.81]
+    # x86 (largest block 4 MiB): no 32 MiB series rather than a 0 that would read as fragmentation
+    x86 = doc_of("/")
+    s = parse_exposition(exposition({"state": "stock", "memory": {}, "host": {}}, memory_doc=x86))
+    assert [lab["size"] for lab, _ in s["spark_memsaver_free_blocks"]] == (
+        ["2097152"] if x86["free_blocks"][-1]["size_bytes"] < 32 * MIB else ["2097152", "33554432"])

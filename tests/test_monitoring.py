@@ -60,7 +60,19 @@ METRICS = {
     "spark_memsaver_findings": ("gauge", ("severity",)),
     "spark_memsaver_last_sample_timestamp_seconds": ("gauge", ()),
     "spark_memsaver_last_operation_timestamp_seconds": ("gauge", ("op", "result")),
+    # where the memory goes (report/memory.py; `spark-memsaver memory`)
+    "spark_memsaver_memory_bytes": ("gauge", ("kind",)),
+    "spark_memsaver_free_after_reclaim_bytes": ("gauge", ()),
+    "spark_memsaver_reclaimable_gap_bytes": ("gauge", ()),
+    "spark_memsaver_free_blocks": ("gauge", ("size",)),
+    "spark_memsaver_memory_pressure_percent": ("gauge", ("kind", "window")),
+    "spark_memsaver_memory_pressure_stall_seconds_total": ("counter", ("kind",)),
 }
+MEMORY_KINDS = ("free", "page-cache", "shmem", "anonymous", "swap-cache", "slab-reclaimable", "slab-unreclaimable",
+                "kernel-reclaimable-other", "kernel-stacks", "page-tables", "percpu", "vmalloc", "zswap", "balloon",
+                "unaccepted", "hugepages", "uvm-page-tables", "gpu-allocations", "driver-and-other")
+PSI = [(k, w) for k in ("some", "full") for w in ("avg10", "avg60", "avg300")]
+GIB = 1 << 30
 
 
 def _tool(name: str, pkg: str) -> str:
@@ -94,7 +106,14 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_findings": "Findings of the last status by severity.",
         "spark_memsaver_last_sample_timestamp_seconds": "Unix time of the last sample.",
         "spark_memsaver_last_operation_timestamp_seconds": "Unix time of the last operation by kind and result.",
+        "spark_memsaver_memory_bytes": "Bytes of MemTotal by where they go.",
+        "spark_memsaver_free_after_reclaim_bytes": "MemAvailable.",
+        "spark_memsaver_reclaimable_gap_bytes": "MemAvailable - MemFree.",
+        "spark_memsaver_free_blocks": "Free blocks of this size or larger, by size.",
+        "spark_memsaver_memory_pressure_percent": "PSI memory pressure by kind and window.",
+        "spark_memsaver_memory_pressure_stall_seconds_total": "PSI memory stall time by kind.",
     }
+    rows = {"free": 100 * GIB, "page-cache": 10 * GIB, "anonymous": 4 * GIB, "driver-and-other": 8 * GIB}
     values = {
         "spark_memsaver_info": [(f'version="0.1.0",{lab},state="{state}"', 1)],
         "spark_memsaver_state": [(f'state="{s}"', int(s == state)) for s in STATES],
@@ -111,6 +130,13 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_last_sample_timestamp_seconds": [("", round(now, 3))],
         "spark_memsaver_last_operation_timestamp_seconds": [(f'op="{o}",result="{r}"', 0) for o in OPS
                                                             for r in ("ok", "failed")],
+        "spark_memsaver_memory_bytes": [(f'kind="{k}"', rows.get(k, 0)) for k in MEMORY_KINDS],
+        "spark_memsaver_free_after_reclaim_bytes": [("", 112 * GIB)],
+        "spark_memsaver_reclaimable_gap_bytes": [("", 12 * GIB)],
+        "spark_memsaver_free_blocks": [(f'size="{2 << 20}"', 51200)] + ([(f'size="{32 << 20}"', 3200)]
+                                                                     if page_size == 65536 else []),
+        "spark_memsaver_memory_pressure_percent": [(f'kind="{k}",window="{w}"', 0.0) for k, w in PSI],
+        "spark_memsaver_memory_pressure_stall_seconds_total": [(f'kind="{k}"', 1.5) for k in ("some", "full")],
     }
     out = []
     for name, (typ, _labels) in METRICS.items():
@@ -201,6 +227,11 @@ SCENARIOS = {
     "heldrollback-ok": {"state": "stock", "held": "rollback"},    # `rollback`, no failure on record
     # the administrator's `rollback` writes a rollback record and a hold: status says rolled-back, on purpose
     "rolledbackheld-ok": {"state": "rolled-back", "held": "rollback"},
+    # memory (defaults: 12 GiB gap of 122, 3200 free 32 MiB blocks, no pressure; x86 has no 32 MiB series)
+    "cachefull":    {"gap_gib": 70},                               # unsloth #10704: a 60 GB file read once
+    "fragmented":   {"blocks_32m": 0},                             # sparkring #173: a week up, none left
+    "pressured":    {"psi_some_avg300": 35.0},
+    "fragmentedlow-ok": {"blocks_32m": 0, "after_gib": 10},        # nothing free anyway: not fragmentation
 }
 #: alert -> [(eval time, instances expected firing)]
 EXPECT = {
@@ -210,6 +241,9 @@ EXPECT = {
                                      ("25h", ["inactive64k", "mokwait", "stock64k"])],
     "SparkMemsaverMokPendingTooLong": [("23h", []), ("24h20m", ["mokwait"])],
     "SparkMemsaverMetricsStale": [("14m", []), ("25m", ["stale"])],
+    "SparkMemsaverReclaimableGapLarge": [("20m", []), ("40m", ["cachefull"])],
+    "SparkMemsaverLargeBlocksGone": [("20m", []), ("40m", ["fragmented"])],
+    "SparkMemsaverMemoryPressure": [("10m", []), ("20m", ["pressured"])],
 }
 _MINUTES = 26 * 60  # samples at 1m for 26 h
 
@@ -236,6 +270,16 @@ def _series_for(instance: str, o: dict) -> list[dict]:
           (f"spark_memsaver_held_since_seconds{{{base}}}", const(600 if o.get("held") else 0)),
           (f"spark_memsaver_last_sample_timestamp_seconds{{{base}}}",
            const(0) if o.get("stale") else f"0+60x{n}")]
+    gap, after = o.get("gap_gib", 12) * GIB, o.get("after_gib", 112) * GIB
+    s += [(f'spark_memsaver_memory_bytes{{{base},kind="{k}"}}', const(v)) for k, v in
+          (("free", after - gap), ("page-cache", gap), ("anonymous", 122 * GIB - after))]
+    s += [(f"spark_memsaver_free_after_reclaim_bytes{{{base}}}", const(after)),
+          (f"spark_memsaver_reclaimable_gap_bytes{{{base}}}", const(gap)),
+          (f'spark_memsaver_free_blocks{{{base},size="{2 << 20}"}}', const(51200))]
+    if o.get("page_size", 65536) == 65536:
+        s.append((f'spark_memsaver_free_blocks{{{base},size="{32 << 20}"}}', const(o.get("blocks_32m", 3200))))
+    s += [(f'spark_memsaver_memory_pressure_percent{{{base},kind="{k}",window="{w}"}}',
+           const(o.get("psi_some_avg300", 0.0) if (k, w) == ("some", "avg300") else 0.0)) for k, w in PSI]
     return [{"series": k, "values": v} for k, v in s]
 
 

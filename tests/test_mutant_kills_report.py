@@ -143,6 +143,24 @@ def _family(name, mtype, help_, *rows):
             *(f"spark_memsaver_{name}{r}" for r in rows)]
 
 
+# the memory families (report/memory.metric_series) when no memory document is given: every series at 0
+MEMORY_FAMILIES_UNKNOWN = (
+    _family("memory_bytes", "gauge", "Bytes of MemTotal by where they go (rows of 'spark-memsaver memory'; 0 when "
+            "not known).", *(f'{{kind="{k}"}} 0' for k in (
+                "free", "page-cache", "shmem", "anonymous", "swap-cache", "slab-reclaimable", "slab-unreclaimable",
+                "kernel-reclaimable-other", "kernel-stacks", "page-tables", "percpu", "vmalloc", "zswap", "balloon",
+                "unaccepted", "hugepages", "uvm-page-tables", "gpu-allocations", "driver-and-other")))
+    + _family("free_after_reclaim_bytes", "gauge", "MemAvailable: what could be free after reclaim.", " 0")
+    + _family("reclaimable_gap_bytes", "gauge", "MemAvailable - MemFree: memory CUDA does not see free on GB10 "
+              "until it is reclaimed.", " 0")
+    + _family("free_blocks", "gauge", "Free blocks of this size or larger (a larger block counted as several), "
+              "by size in bytes; only sizes this kernel's largest order can hold.", '{size="2097152"} 0')
+    + _family("memory_pressure_percent", "gauge", "PSI memory pressure: share of time stalled, by kind and window.",
+              *(f'{{kind="{k}",window="{w}"}} 0.0' for k in ("some", "full") for w in ("avg10", "avg60", "avg300")))
+    + _family("memory_pressure_stall_seconds_total", "counter", "PSI memory stall time since boot, by kind.",
+              '{kind="some"} 0.0', '{kind="full"} 0.0'))
+
+
 def test_metrics_exposition_is_exactly_the_documented_one():
     """The whole exposition of one document and one daemon sample, as monitoring/README.md documents it and
     its alert rules and dashboard read it: names, HELP and TYPE lines, labels in order, every state series
@@ -193,6 +211,7 @@ def test_metrics_exposition_is_exactly_the_documented_one():
                   " 2300")
         + _family("memory_total_bytes", "gauge", "MemTotal at the last sample.", " 10")
         + _family("memory_available_bytes", "gauge", "MemAvailable at the last sample.", " 5")
+        + MEMORY_FAMILIES_UNKNOWN
         + _family("last_sample_timestamp_seconds", "gauge", "Unix time of the sample these figures come from.",
                   " 5.25"))
     got = exposition(METRICS_DOC, sample_time=5.25, sample={

@@ -218,14 +218,18 @@ class Dkms(Section):
 
 
 class Memory(Section):
-    """Bytes: MemTotal, MemAvailable, and the pool's page-table figures (None when not known)."""
+    """Bytes: MemTotal, MemAvailable, MemFree, free blocks by size, and the pool's page-table figures (None when
+    not known)."""
     total: int | None = None
     available: int | None = None
     pagetable_backing: int | None = None
     pagetable_stock_equivalent: int | None = None
     saved: int | None = None
+    free: int | None = None                  # MemFree: what CUDA sees free on GB10
+    free_blocks: list | None = None          # [{size_bytes, count}] from /proc/buddyinfo, all zones
     _KINDS = {"total": _INT_N, "available": _INT_N, "pagetable_backing": _INT_N,
-              "pagetable_stock_equivalent": _INT_N, "saved": _INT_N}
+              "pagetable_stock_equivalent": _INT_N, "saved": _INT_N, "free": _INT_N,
+              "free_blocks": (list, type(None))}
 
 
 class Records(Section):

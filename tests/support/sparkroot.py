@@ -21,6 +21,11 @@ STOCK_UVM_SRCVERSION = "5F1C0B9E2D4A7C3E8B6A0D1"
 OURS_UVM_SRCVERSION = "A94E27C61B0F3D58E2C7B40"
 EFI_GLOBAL = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
+# free blocks by order on a 64 KiB kernel (order 5 = 2 MiB, 9 = 32 MiB, 13 = 512 MiB), in buddyinfo's format
+BUDDYINFO = ("Node 0, zone      DMA    604    410    220    140     90     60     40     21      9      2      1 "
+             "     0      0      0 \n"
+             "Node 0, zone   Normal  41877   8000   4000   1500    600    180     40      8      2      0      0 "
+             "     0      0      0 \n")
 MEMINFO = """MemTotal:       128452160 kB
 MemFree:        101234560 kB
 MemAvailable:   119876544 kB
@@ -146,6 +151,7 @@ def make_spark_root(root: Path, *, loaded_driver: str | None = DRIVER, uvm_loade
     write(root, "/proc/sys/kernel/osrelease", k + "\n")
     write(root, "/proc/sys/kernel/arch", "aarch64\n")
     write(root, "/proc/meminfo", MEMINFO)
+    write(root, "/proc/buddyinfo", BUDDYINFO)
     write(root, "/etc/hostname", HOSTNAME + "\n")
     write(root, "/etc/machine-id", MACHINE_ID + "\n")
     write(root, "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "536870912\n")

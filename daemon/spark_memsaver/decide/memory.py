@@ -85,15 +85,6 @@ def rows(mi: dict, uvm: dict | None = None, gpu: dict | None = None) -> list[dic
     return out
 
 
-def free_blocks(buddyinfo: list[dict] | None, page_size: int | None) -> list[dict]:
-    """Free blocks by size over every zone: [{order, size_bytes, count}] (buddyinfo order n is page_size << n)."""
-    if not buddyinfo or not page_size:
-        return []
-    orders = max(len(z["counts"]) for z in buddyinfo)
-    counts = [sum(z["counts"][o] for z in buddyinfo if o < len(z["counts"])) for o in range(orders)]
-    return [{"order": o, "size_bytes": page_size << o, "count": c} for o, c in enumerate(counts)]
-
-
 def blocks_of(blocks: list[dict], size: int) -> int | None:
     """How many free ``size`` blocks there are, larger blocks counted as several (None when no free block can be
     that large on this kernel: its largest order is smaller)."""
@@ -197,7 +188,7 @@ def model(reading: dict, need: int | None = None) -> dict:
     after = mi.get("MemAvailable") if mi else None
     if after is not None and free_now is not None:
         after = max(after, free_now)
-    blocks = free_blocks(reading.get("buddyinfo"), ps)
+    blocks = reading.get("free_blocks") or []
     uvm = reading.get("uvm")
     return {
         "schema": SCHEMA,

@@ -238,17 +238,19 @@ def observe_dkms(host: Host) -> dict:
 
 # --- memory ------------------------------------------------------------------------------------
 
-def observe_memory(host: Host, uvm: dict) -> dict:
-    """MemTotal and MemAvailable from the root's /proc/meminfo (what psutil.virtual_memory reports on Linux,
-    read directly: the idle daemon samples this and keeps psutil out of its memory)."""
-    total = available = None
-    try:
-        with open(host.fspath("/proc/meminfo"), encoding="ascii", errors="replace") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        total = int(fields["MemTotal"].split()[0]) * 1024
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError, IndexError):  # a fixture root without meminfo
-        total = available = None
+def observe_memory(host: Host, uvm: dict, page_size: int | None = None) -> dict:
+    """MemTotal, MemAvailable and MemFree from the root's /proc/meminfo (what psutil.virtual_memory reports on
+    Linux, read directly: the idle daemon samples this and keeps psutil out of its memory), and the free blocks
+    by size from /proc/buddyinfo (status's Memory line: two small files, no command)."""
+    from spark_memsaver.observe import procmem
+    mi = procmem.parse_meminfo(host.read_text("/proc/meminfo") or "")
+    total, available, free = (mi.get(k) for k in ("MemTotal", "MemAvailable", "MemFree"))
+    if total is None or available is None:      # a fixture root without meminfo
+        total = available = free = None
+    if page_size is None and host.is_live:
+        page_size = os.sysconf("SC_PAGE_SIZE")
+    buddy = host.read_text("/proc/buddyinfo")
+    blocks = procmem.free_blocks(procmem.parse_buddyinfo(buddy), page_size) if buddy is not None else []
     packing = uvm.get("packing") or {}
     ok = "error" not in packing and bool(packing)
     return {
@@ -257,6 +259,8 @@ def observe_memory(host: Host, uvm: dict) -> dict:
         "pagetable_backing": packing.get("backing_bytes") if ok else None,
         "pagetable_stock_equivalent": packing.get("stock_bytes") if ok else None,
         "saved": packing.get("saved_bytes") if ok else None,
+        "free": free,
+        "free_blocks": [{"size_bytes": b["size_bytes"], "count": b["count"]} for b in blocks] or None,
     }
 
 
@@ -372,7 +376,7 @@ def snapshot(host: Host, config=None):
         "dkms": observe_dkms(host),
         "secure_boot": mok.read(host, config=config),      # config's signing_cert names our certificate
         "holders": uvm_holders(host),
-        "memory": observe_memory(host, uvm),
+        "memory": observe_memory(host, uvm, h["page_size"]),
         "records": observe_records(host),
     }
     # the driver sources fetched into our cache count as sources (origin "cache"); how to get a missing one

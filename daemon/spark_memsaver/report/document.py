@@ -125,6 +125,12 @@ def _mib(n) -> str:
     return f"{n / 1073741824:.2f} GiB"
 
 
+def _memory_line(mem: dict) -> str:
+    """Available of total, the gap CUDA cannot see on GB10 (MemFree vs MemAvailable), the free 2 MiB blocks."""
+    from spark_memsaver.report.memory import status_line
+    return status_line(mem) or f"{_mib(mem.get('available'))} available of {_mib(mem.get('total'))}"
+
+
 def _source_cache_rows(ds: dict | None) -> list[tuple[str, str]]:
     """The driver-source cache (act/source_fetch.py): its trees and size, and a fetch waiting for apt."""
     if not isinstance(ds, dict):
@@ -174,7 +180,7 @@ def render_text(doc: dict, verbose: bool = False) -> str:
                                                                           " (not loaded)")),
         ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
         *_signing_key_row(doc["secure_boot"]),
-        ("Memory", f"{_mib(doc['memory']['available'])} available of {_mib(doc['memory']['total'])}"),
+        ("Memory", _memory_line(doc["memory"])),
     ]
     if doc["memory"].get("saved") is not None:     # measured only where ours packs: the Gain line says the rest
         rows += [("Page-table backing", _mib(doc["memory"]["pagetable_backing"])),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_memsaver.decide.memory import GIB, MIB, NAMED_BLOCKS, gib
+from spark_memsaver.decide.memory import GIB, MEMINFO_ROWS, MIB, NAMED_BLOCKS, blocks_of, gib
 
 
 def _size(n: int) -> str:
@@ -93,7 +93,42 @@ def status_line(mem: dict) -> str | None:
     free = mem.get("free")
     if free is not None:
         text += f"; {gib(free)} free now, gap {gib(max(0, avail - free))} reclaimable"
-    b2 = mem.get("blocks_2mib")
+    b2 = blocks_of(mem.get("free_blocks") or [], NAMED_BLOCKS[0])
     if b2 is not None:
         text += f"; {b2} free {_size(NAMED_BLOCKS[0])} blocks"
     return text
+
+
+# --- Prometheus series (monitoring/README.md): always present, whatever the node ------------------------------
+
+ROW_KINDS = tuple(k for k, *_ in MEMINFO_ROWS) + ("hugepages", "uvm-page-tables", "gpu-allocations",
+                                                 "driver-and-other")
+PSI_KINDS = ("some", "full")
+PSI_WINDOWS = ("avg10", "avg60", "avg300")
+
+
+def metric_series(mem: dict | None) -> list[tuple[str, str, str, list]]:
+    """(name, type, help, [(labels, value)]) for the memory document (decide/memory.model); every row kind and
+    pressure series present (0 when not known), free blocks of 2 MiB always (0 when not known) and of each
+    larger named size this kernel can hold (none of 32 MiB on x86, whose largest block is 4 MiB)."""
+    mem = mem or {}
+    rows = {r["kind"]: r["bytes"] for r in mem.get("rows") or []}
+    psi = ((mem.get("pressure") or {}).get("memory")) or {}
+    of = mem.get("free_blocks_of") or {}
+    return [
+        ("memory_bytes", "gauge", "Bytes of MemTotal by where they go (rows of 'spark-memsaver memory'; 0 when "
+         "not known).", [({"kind": k}, int(rows.get(k, 0))) for k in ROW_KINDS]),
+        ("free_after_reclaim_bytes", "gauge", "MemAvailable: what could be free after reclaim.",
+         [({}, int(mem.get("free_after_reclaim_bytes") or 0))]),
+        ("reclaimable_gap_bytes", "gauge", "MemAvailable - MemFree: memory CUDA does not see free on GB10 until "
+         "it is reclaimed.", [({}, int(mem.get("reclaimable_gap_bytes") or 0))]),
+        ("free_blocks", "gauge", "Free blocks of this size or larger (a larger block counted as several), by size "
+         "in bytes; only sizes this kernel's largest order can hold.",
+         [({"size": str(s)}, int(of.get(str(s)) or 0)) for s in NAMED_BLOCKS
+          if of.get(str(s)) is not None or s == NAMED_BLOCKS[0]]),
+        ("memory_pressure_percent", "gauge", "PSI memory pressure: share of time stalled, by kind and window.",
+         [({"kind": k, "window": w}, float((psi.get(k) or {}).get(w) or 0.0)) for k in PSI_KINDS
+          for w in PSI_WINDOWS]),
+        ("memory_pressure_stall_seconds_total", "counter", "PSI memory stall time since boot, by kind.",
+         [({"kind": k}, round(((psi.get(k) or {}).get("total") or 0) / 1e6, 6)) for k in PSI_KINDS]),
+    ]

@@ -52,7 +52,7 @@ def _rfc3339_to_unix(text) -> int:
 
 
 def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | None = None,
-               events: list | None = None) -> str:
+               events: list | None = None, memory_doc: dict | None = None) -> str:
     """The exposition text for one status document (schema 1 or newer).
 
     ``events``: the lifecycle event log (host/events.read, the one log `spark-memsaver events` and D-Bus GetEvents
@@ -60,7 +60,10 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
 
     ``sample`` (the daemon's monitoring sample, service/monitor.py) is fresher than the document for the
     live figures: when given, its backing/saved bytes and packing flag are used, and the memory series of the
-    sample are added (``pagetable_backing_bytes``, ``pagetable_stock_bytes``, ``memory_*_bytes``)."""
+    sample are added (``pagetable_backing_bytes``, ``pagetable_stock_bytes``, ``memory_*_bytes``).
+
+    ``memory_doc``: the ``memory`` document (decide/memory.model): where the memory goes, free blocks, pressure
+    (report/memory.metric_series; every series present, 0 when not given)."""
     host = doc.get("host") or {}
     driver = (doc.get("driver") or {}).get("loaded_version") or ""
     kernel = host.get("kernel") or ""
@@ -134,6 +137,9 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
             ("memory_available_bytes", "mem_available", "MemAvailable at the last sample.")):
         if sample.get(key) is not None:
             metric(name, "gauge", help_, [({}, int(sample[key]))])
+    from spark_memsaver.report.memory import metric_series
+    for name, mtype, help_, rows in metric_series(memory_doc):
+        metric(name, mtype, help_, rows)
     when = sample_time if sample_time is not None else _rfc3339_to_unix(doc.get("generated_at")) or time.time()
     metric("last_sample_timestamp_seconds", "gauge", "Unix time of the sample these figures come from.",
            [({}, round(float(when), 3))])

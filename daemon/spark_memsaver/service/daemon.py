@@ -195,6 +195,8 @@ class Daemon:
             doc["memory"].update({"total": s["mem_total"], "available": s["mem_available"],
                                   "pagetable_backing": s["backing_bytes"],
                                   "pagetable_stock_equivalent": s["stock_bytes"], "saved": s["saved_bytes"]})
+            m = s.get("_memory") or {}                  # status's Memory line: MemFree and the free blocks
+            doc["memory"].update({"free": m.get("free_now_bytes"), "free_blocks": m.get("free_blocks")} if m else {})
             if uvm.get("loaded") == doc["uvm"].get("loaded"):
                 doc["uvm"]["packing"] = uvm.get("packing")
         doc["source"] = "daemon"

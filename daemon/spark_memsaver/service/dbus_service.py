@@ -48,6 +48,7 @@ INTROSPECTION = f"""<node>
     <method name="GetHistory"><arg name="samples_json" type="s" direction="out"/></method>
     <method name="GetHistorySince"><arg name="since" type="d" direction="in"/><arg name="limit" type="u" direction="in"/><arg name="samples_json" type="s" direction="out"/></method>
     <method name="GetEvents"><arg name="since" type="d" direction="in"/><arg name="limit" type="u" direction="in"/><arg name="events_json" type="s" direction="out"/></method>
+    <method name="GetMemory"><arg name="memory_json" type="s" direction="out"/></method>
     <method name="GetJob"><arg name="job_id" type="u" direction="in"/><arg name="job_json" type="s" direction="out"/></method>
     <method name="Build"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
     <method name="Install"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
@@ -207,6 +208,13 @@ class Manager:
             from spark_memsaver.host import events     # the log's own reader, as an index kept up to date
             EVENTS_INDEX = events.Index(self._core.host)
         return EVENTS_INDEX.as_json(since if since > 0 else None, limit)
+
+    @public
+    def GetMemory(self, *, caller):
+        """Where this node's memory goes (`spark-memsaver memory --json`, without NVML's per-process figures):
+        read now from /proc (service/monitor.memory_json); no pids in it, so the same for every caller."""
+        from spark_memsaver.service.monitor import memory_json
+        return memory_json(self._core.host)
 
     @public
     def GetJob(self, job_id, *, caller):

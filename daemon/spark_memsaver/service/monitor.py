@@ -54,7 +54,33 @@ def take_sample(host: Host, reason: str) -> dict:
         "saved_bytes": mem["saved"],
         "counters_error": p.get("error"),
         "_uvm": uvm,   # dropped from the history; the daemon merges it into the status document
+        "_memory": memory_model(host, uvm),     # dropped from the history too: metrics, GetMemory, status
     }
+
+
+def memory_model(host: Host, uvm: dict) -> dict | None:
+    """The ``memory`` document (decide/memory.py) from /proc files only: no NVML (no ctypes in the daemon), no
+    walk of the sysfs memory blocks. None when it cannot be read (the sample goes on without it)."""
+    from spark_memsaver.decide import memory as decide
+    from spark_memsaver.observe import memory as observe
+    try:
+        doc = decide.model(observe.read(host, gpu=False, blocks=False, uvm=uvm))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("memory sample failed: %s", e)
+        return None
+    doc["gpu"] = {"state": "unknown", "reason": "spark-memsaverd does not load NVML (its footprint): "
+                                                "'spark-memsaver memory' shows GPU allocations by process"}
+    return doc if doc["total_bytes"] else None
+
+
+def memory_json(host: Host) -> str:
+    """D-Bus GetMemory: the ``memory --json`` document now, as the daemon can make it (memory_model)."""
+    import json
+    from spark_memsaver.errors import InspectionError
+    doc = memory_model(host, observe.observe_uvm(host))
+    if doc is None:
+        raise InspectionError("/proc/meminfo is not readable", remedy="Nothing to do from here: see the daemon's log.")
+    return json.dumps(doc)
 
 
 # The history keeps each sample as a tuple in this field order (a dict per sample would cost ~2.5x the
@@ -96,6 +122,7 @@ class Monitor:
         self.config = config
         self.history: collections.deque = collections.deque(maxlen=config.history_size)
         self._events_key, self._events_rows = False, []     # the event log as last read (_events)
+        self._memory = None                                  # the last sample's memory document (metrics)
         from spark_memsaver.service.history import History
         self.persisted = History(host, config.interval)   # STATE_DIR/history/: `spark-memsaver history` reads it
         self._on_sample = on_sample
@@ -160,12 +187,13 @@ class Monitor:
             log.exception("sampling failed")
             s = {"time": round(time.time(), 3), "reason": reason, "error": f"{type(e).__name__}: {e}"}
         uvm = s.pop("_uvm", None)
+        self._memory = s.pop("_memory", None)      # the memory document: metrics, the daemon's status
         self.history.append(pack(s))
         try:    # a failure here must not escape: GLib removes a timer whose callback raises (sampling stops)
             self.persisted.append(s)
             if self.textfile_path():
                 self._write_prometheus(s)
-            self._on_sample(dict(s, _uvm=uvm))
+            self._on_sample(dict(s, _uvm=uvm, _memory=self._memory))
         except Exception:
             log.exception("after sampling")
         return s
@@ -190,7 +218,8 @@ class Monitor:
         from spark_memsaver.report.metrics import exposition
 
         s = s if s is not None else (unpack(self.history[-1]) if self.history else {})
-        text = exposition(doc, sample_time=s.get("time"), sample=s, events=self._events())
+        text = exposition(doc, sample_time=s.get("time"), sample=s, events=self._events(),
+                          memory_doc=self._memory)
         path = self.host.fspath(path)
         try:
             write_atomic(path, text)
