@@ -25,9 +25,9 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
 ENV.pop("SPARK_MEMSAVER_CONFIG", None)
 LEAVES = dict(gen_docs().leaf_commands())
 MUTATING = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
-            "validate"}
+            "validate", "reclaim"}
 DRY_RUN = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
-           "validate"}
+           "validate", "reclaim"}
 GROUPS = ["", "mok", "patch", "config"]        # "": spark-memsaver itself
 VAGUE = {"TEXT", "INTEGER", "FLOAT", "PATH", "DIRECTORY", "FILENAME", "FILE PATH", "INTEGER RANGE", "FLOAT RANGE"}
 

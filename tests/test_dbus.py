@@ -35,7 +35,7 @@ pytestmark = pytest.mark.dbus
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 MUTATING = {  # method -> gdbus arguments that are well-formed
     "Build": ["{}"], "Install": ["{}"], "Remove": ["{}"], "Activate": ["{}"], "Rollback": ["{}"],
-    "RequestEnrollment": ["'secret-pass'", "{}"], "Refresh": ["{}"],
+    "RequestEnrollment": ["'secret-pass'", "{}"], "Refresh": ["{}"], "PrepareLaunch": ["1073741824", "{}"],
 }
 
 

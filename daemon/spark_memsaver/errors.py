@@ -92,6 +92,14 @@ class NotPermitted(MemsaverError):
     remedy = "Run it as root (sudo), or through the daemon with a polkit-authorized account."
 
 
+class CannotReclaim(MemsaverError):
+    """``reclaim --need``: more is needed than reclaim can free (MemAvailable), or less was freed than needed."""
+    code = "cannot-reclaim"
+    exit_code = EXIT_PROBLEM
+    remedy = ("See where the memory goes with 'spark-memsaver memory': stop what holds it (a GPU process, a "
+              "tmpfs file), or launch with less.")
+
+
 class Busy(MemsaverError):
     code = "busy"
     remedy = "Wait for the running operation to finish (spark-memsaver status shows it)."

@@ -25,7 +25,8 @@ log = logging.getLogger("spark_memsaver.cli.client")
 SYSTEM_SOCKET = "/run/dbus/system_bus_socket"
 # Input signatures of the job methods (RequestEnrollment also takes the password first).
 JOB_METHODS = {"Build": "(a{sv})", "Install": "(a{sv})", "Remove": "(a{sv})", "Activate": "(a{sv})",
-               "Rollback": "(a{sv})", "Refresh": "(a{sv})", "RequestEnrollment": "(sa{sv})"}
+               "Rollback": "(a{sv})", "Refresh": "(a{sv})", "RequestEnrollment": "(sa{sv})",
+               "PrepareLaunch": "(ta{sv})"}
 
 
 class DaemonNotRunning(errors.MemsaverError):
@@ -199,6 +200,9 @@ def call_job(method: str, *args, progress=None, timeout: float | None = None, **
     if method == "RequestEnrollment":
         if len(args) != 1 or not isinstance(args[0], str):
             raise errors.UsageError("RequestEnrollment needs the one-time password as its only positional argument")
+    elif method == "PrepareLaunch":
+        if len(args) != 1 or not isinstance(args[0], int) or isinstance(args[0], bool):
+            raise errors.UsageError("PrepareLaunch needs the bytes to free as its only positional argument")
     elif args:
         raise errors.UsageError(f"{method} takes options only")
 

@@ -34,6 +34,8 @@ EXAMPLES = {
     "metrics": ["spark-memsaver metrics", "spark-memsaver metrics --output /tmp/spark-memsaver.prom"],
     "memory": ["spark-memsaver memory", "spark-memsaver memory --need 100G",
                "spark-memsaver memory --json | jq .free_blocks_of"],
+    "reclaim": ["sudo spark-memsaver reclaim --need 100G --dry-run", "sudo spark-memsaver reclaim --need 100G",
+                "sudo spark-memsaver reclaim --need 64G --json"],
     "config show": ["spark-memsaver config show", "spark-memsaver --config /tmp/new.yaml config show"],
 }
 

@@ -22,7 +22,7 @@ from spark_memsaver.errors import EXIT_FAILED, EXIT_PROBLEM, EXIT_USAGE, Memsave
 LAZY_COMMANDS = {"patch": "patch", "build": "build", "install": "build", "remove": "build", "mok": "mok",
                  "reconcile": "lifecycle", "rollback": "lifecycle", "activate": "lifecycle",
                  "validate": "validate", "history": "history", "events": "events", "metrics": "metrics",
-                 "memory": "memory"}
+                 "memory": "memory", "reclaim": "memory"}
 
 
 def _set_global(ctx, param, value):

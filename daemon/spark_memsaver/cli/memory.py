@@ -46,3 +46,46 @@ def register(cli) -> None:
                 click.echo("")
             time.sleep(watch)
         return 1 if doc["verdict"]["fits"] == "no" else 0
+
+    @cli.command("reclaim")
+    @click.option("--need", "need", required=True, metavar="SIZE",
+                  help="What the launch needs free (e.g. 100G): reclaim the difference from MemFree.")
+    @click.option("--dry-run", is_flag=True, help="Print what would be written and why; change nothing.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+    @click.pass_obj
+    def reclaim_cmd(obj, need, dry_run, as_json):
+        """Free what a launch needs before it starts: on GB10, CUDA counts only MemFree as free.
+
+        Reclaims need - MemFree (and a margin) through cgroup v2's memory.reclaim where it is available, else
+        with drop_caches=1 (which drops the whole clean page cache: more than needed, and it says so); then
+        compacts when less than the need lies in free blocks of 2 MiB or more. For a unit:
+        ExecStartPre=spark-memsaver reclaim --need 100G (docs/memory.md).
+
+        Exit status: 0 the need is free, 1 it is not (more than is reclaimable: "cannot: ..."; or less was
+        freed), 2 bad usage.
+        """
+        import json
+        import os
+
+        from spark_memsaver.act import reclaim as act
+        from spark_memsaver.decide import memory as decide
+
+        need_bytes = decide.parse_size(need)
+        result = None
+        if not dry_run and obj.host.is_live and os.geteuid() != 0:
+            from spark_memsaver.cli import client
+            job = client.maybe_call_job("PrepareLaunch", need_bytes)
+            if job is None:
+                import shlex
+                import sys
+
+                from spark_memsaver.errors import NotPermitted
+                raise NotPermitted("'reclaim' writes the kernel's memory knobs and needs root; spark-memsaverd is "
+                                   "not running to ask on your behalf",
+                                   remedy="Run it as root: 'sudo spark-memsaver "
+                                          + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "'.")
+            result = job.get("result")
+        if result is None:
+            result = act.reclaim(obj.host, need_bytes, dry_run=dry_run)
+        click.echo(json.dumps(result, indent=2) if as_json else act.text(result))
+        return 0 if dry_run or result.get("met") else 1

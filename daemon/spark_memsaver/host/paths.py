@@ -25,7 +25,11 @@ SIGNED_LOG = f"{STATE_DIR}/signed.json"
 MOK_REQUEST = f"{STATE_DIR}/mok-request.json"
 VALIDATE_REPORT = f"{STATE_DIR}/validate-last.json"
 GUARD_LOG = f"{RUN_DIR}/guard.log"        # the load-time guard's log, this boot only (observe/guardlog.py reads it)
-LOCK_NAMES = ("lifecycle", "validate")
+LOCK_NAMES = ("lifecycle", "validate", "reclaim")
+# the kernel's memory knobs `reclaim --need` writes (act/reclaim.py)
+CGROUP_RECLAIM = "/sys/fs/cgroup/memory.reclaim"     # cgroup v2 root (Linux >= 5.19): reclaim N bytes
+DROP_CACHES = "/proc/sys/vm/drop_caches"             # 1: drop the clean page cache (all of it)
+COMPACT_MEMORY = "/proc/sys/vm/compact_memory"       # 1: compact every zone
 
 #: spark-memsaver(8)'s FILES entries for the locations above (tools/gen-docs writes that part of the section from
 #: here; tests/test_docs_vs_code.py checks every such path the man page names is one of these): path, what is there.

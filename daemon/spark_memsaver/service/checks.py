@@ -66,6 +66,7 @@ OPTIONS = {
     "Rollback": {"reason": (str, reason, "reason")},
     "RequestEnrollment": {"cert": (str, cert, "cert"), "wait_at_console": (bool, None, "wait_at_console")},
     "Refresh": {},
+    "PrepareLaunch": {},
 }
 _TYPE_NAMES = {str: "a string (s)", bool: "a boolean (b)"}
 

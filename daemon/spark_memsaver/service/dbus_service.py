@@ -57,6 +57,7 @@ INTROSPECTION = f"""<node>
     <method name="Rollback"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
     <method name="RequestEnrollment"><arg name="password" type="s" direction="in"/><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
     <method name="Refresh"><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
+    <method name="PrepareLaunch"><arg name="need_bytes" type="t" direction="in"/><arg name="options" type="a{{sv}}" direction="in"/><arg name="job_id" type="u" direction="out"/></method>
     <signal name="JobProgress"><arg name="job_id" type="u"/><arg name="progress" type="d"/><arg name="message" type="s"/></signal>
     <signal name="JobFinished"><arg name="job_id" type="u"/><arg name="operation" type="s"/><arg name="success" type="b"/><arg name="error_name" type="s"/><arg name="message" type="s"/><arg name="result_json" type="s"/></signal>
   </interface>
@@ -251,6 +252,15 @@ class Manager:
     def Refresh(self, options, *, caller):
         check_options("Refresh", options)
         return self._core.start_refresh(caller)
+
+
+    @requires(names.ACTION_PREPARE_LAUNCH)
+    def PrepareLaunch(self, need_bytes, options, *, caller):
+        """`reclaim --need` as a job (act/reclaim.py): free need_bytes for a launch, then compact if needed."""
+        check_options("PrepareLaunch", options)
+        if not 0 < need_bytes <= 1 << 50:
+            raise InvalidArgument(f"PrepareLaunch: need_bytes must be 1 to 2**50, not {need_bytes}")
+        return self._core.start_operation("prepare-launch", {"need_bytes": int(need_bytes)}, caller)
 
 
 def make_manager_class():

@@ -74,12 +74,13 @@ ACTION_ACTIVATE = ACTION_PREFIX + "activate"
 ACTION_ROLLBACK = ACTION_PREFIX + "rollback"
 ACTION_REQUEST_ENROLLMENT = ACTION_PREFIX + "request-enrollment"
 ACTION_REFRESH = ACTION_PREFIX + "refresh"
+ACTION_PREPARE_LAUNCH = ACTION_PREFIX + "prepare-launch"     # reclaim memory for a launch (PrepareLaunch)
 # The action applied to any method that was not explicitly marked (secure by default), and the one an
 # administrator can grant to imply all of the above.
 ACTION_MANAGE = ACTION_PREFIX + "manage"
 
 ACTIONS = (ACTION_BUILD, ACTION_INSTALL, ACTION_REMOVE, ACTION_ACTIVATE, ACTION_ROLLBACK,
-           ACTION_REQUEST_ENROLLMENT, ACTION_REFRESH, ACTION_MANAGE)
+           ACTION_REQUEST_ENROLLMENT, ACTION_REFRESH, ACTION_PREPARE_LAUNCH, ACTION_MANAGE)
 
 # --- shipped files (relative to the repository's systemd/ folder) --------------------------------
 DBUS_POLICY_FILE = f"dbus/{BUS_NAME}.conf"           # -> /usr/share/dbus-1/system.d/

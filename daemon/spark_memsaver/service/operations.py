@@ -15,7 +15,7 @@ import tempfile
 from spark_memsaver.errors import Unsupported
 
 MUTATIONS = ("build", "install", "remove", "activate", "rollback", "reconcile")
-OPERATIONS = MUTATIONS + ("request-enrollment",)
+OPERATIONS = MUTATIONS + ("request-enrollment", "prepare-launch")
 
 
 def _missing(op: str, e: ImportError) -> Unsupported:
@@ -35,6 +35,9 @@ def run(op: str, host, config, progress, **kwargs):
         return executor.perform(op, host, config, progress=progress, **kwargs)
     if op == "request-enrollment":
         return request_enrollment(host, config, progress, **kwargs)
+    if op == "prepare-launch":          # not a module mutation: act/reclaim.py, its own lock
+        from spark_memsaver.act import reclaim
+        return reclaim.reclaim(host, kwargs["need_bytes"], progress=progress)
     raise Unsupported(f"unknown operation {op!r} (one of: {', '.join(OPERATIONS)})")
 
 
