@@ -207,7 +207,7 @@ def model(reading: dict, need: int | None = None) -> dict:
         "pressure": pressure(reading.get("pressure")),
         "uvm_page_tables": ({"packed_bytes": uvm.get("backing_bytes"), "stock_bytes": uvm.get("stock_bytes"),
                              "saved_bytes": uvm.get("saved_bytes")} if uvm else
-                            {"state": "unknown", "reason": "spark-memsaver's nvidia-uvm is not loaded"}),
+                            {"state": "unknown", "reason": "spark-memsaver's nvidia-uvm is not loaded (the stock one counts nothing)"}),
         "gpu": reading.get("gpu") or {"state": "unknown", "reason": "not asked"},
         "verdict": verdict(need, free_now, after, blocks),
         "unreadable": list(reading.get("unreadable") or []),
