@@ -304,3 +304,11 @@ def test_metrics_carry_the_rows_blocks_gap_and_pressure():
     s = parse_exposition(exposition({"state": "stock", "memory": {}, "host": {}}, memory_doc=x86))
     assert [lab["size"] for lab, _ in s["spark_memsaver_free_blocks"]] == (
         ["2097152"] if x86["free_blocks"][-1]["size_bytes"] < 32 * MIB else ["2097152", "33554432"])
+
+
+def test_a_discrete_gpus_memory_is_not_carved_out_of_memtotal():
+    reading = observe.read(Host(FIX / "gb10-64k"))
+    reading["gpu"] = {"state": "known", "processes": [{"pid": 7, "bytes": 40 * GIB, "unified": False},
+                                                      {"pid": 8, "bytes": GIB, "unified": True}]}
+    k = kinds(decide.model(reading))
+    assert k["gpu-allocations"] == GIB and k["driver-and-other"] == UNCOUNTED_64K - GIB

@@ -74,7 +74,8 @@ def rows(mi: dict, uvm: dict | None = None, gpu: dict | None = None) -> list[dic
                               + ("" if take == backing else f"; {backing} counted, capped at what was left")})
         left -= take
     if (gpu or {}).get("state") == "known":
-        held = sum(p["bytes"] for p in gpu.get("processes") or [] if isinstance(p.get("bytes"), int))
+        held = sum(p["bytes"] for p in gpu.get("processes") or [] if isinstance(p.get("bytes"), int)
+                   and p.get("unified", True))          # a discrete GPU's own memory is not in MemTotal
         take = min(held, left)
         if take:
             out.append({"kind": "gpu-allocations", "bytes": take,

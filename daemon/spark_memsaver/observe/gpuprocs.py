@@ -11,6 +11,7 @@ from spark_memsaver.host import Host
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1     # usedGpuMemory when the driver does not know it
 MAX_PROCESSES = 256
@@ -41,13 +42,18 @@ def describe_pid(host: Host, pid: int) -> dict:
     return {"pid": pid, "comm": comm, **unit_of(host.read_text(f"/proc/{pid}/cgroup"))}
 
 
-def _nvml_processes() -> list[tuple[int, int | None]]:
-    """[(pid, used bytes or None)] over every device; raises OSError/RuntimeError when NVML cannot answer."""
+def _nvml_processes() -> list[tuple[int, int | None, bool]]:
+    """[(pid, used bytes or None, unified)] over every device; raises OSError/RuntimeError when NVML cannot
+    answer. ``unified``: the device has no memory of its own (GB10: nvmlDeviceGetMemoryInfo is "Not Supported"),
+    so what its processes hold is the node's memory; a discrete GPU's memory is not in MemTotal."""
     import ctypes
 
     class ProcessInfo(ctypes.Structure):          # nvmlProcessInfo_t (v2/v3 layout)
         _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
                     ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    class Memory(ctypes.Structure):               # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
     lib = ctypes.CDLL(NVML_LIBRARY)
 
@@ -64,6 +70,7 @@ def _nvml_processes() -> list[tuple[int, int | None]]:
         for i in range(count.value):
             handle = ctypes.c_void_p()
             call("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(handle))
+            unified = lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(Memory())) == NVML_ERROR_NOT_SUPPORTED
             fn = next((f for f in ("nvmlDeviceGetComputeRunningProcesses_v3",
                                    "nvmlDeviceGetComputeRunningProcesses_v2") if hasattr(lib, f)), None)
             if fn is None:
@@ -75,7 +82,7 @@ def _nvml_processes() -> list[tuple[int, int | None]]:
                 raise RuntimeError(f"{fn} returned NVML error {rc}")
             for p in buf[:min(n.value, MAX_PROCESSES)]:
                 used = None if p.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(p.usedGpuMemory)
-                out.append((int(p.pid), used))
+                out.append((int(p.pid), used, unified))
         return out
     finally:
         try:
@@ -85,7 +92,8 @@ def _nvml_processes() -> list[tuple[int, int | None]]:
 
 
 def read(host: Host) -> dict:
-    """{"state": "known", "processes": [{pid, comm, cgroup, unit, bytes}]} or {"state": "unknown", "reason"}."""
+    """{"state": "known", "processes": [{pid, comm, cgroup, unit, bytes, unified}]} or {"state": "unknown",
+    "reason"}."""
     if not host.is_live:
         return {"state": "unknown", "reason": "NVML answers for the running system only, not under --root"}
     try:
@@ -94,8 +102,9 @@ def read(host: Host) -> dict:
         return {"state": "unknown", "reason": f"{NVML_LIBRARY} is not installed (no NVIDIA driver here)"}
     except (RuntimeError, AttributeError) as e:
         return {"state": "unknown", "reason": f"NVML did not answer: {e}"}
-    merged: dict[int, int | None] = {}
-    for pid, used in procs:
-        merged[pid] = None if used is None or merged.get(pid, 0) is None else merged.get(pid, 0) + used
+    merged: dict[tuple[int, bool], int | None] = {}
+    for pid, used, unified in procs:
+        k = (pid, unified)
+        merged[k] = None if used is None or merged.get(k, 0) is None else merged.get(k, 0) + used
     return {"state": "known",
-            "processes": [dict(describe_pid(host, pid), bytes=b) for pid, b in sorted(merged.items())]}
+            "processes": [dict(describe_pid(host, pid), bytes=b, unified=u) for (pid, u), b in sorted(merged.items())]}

@@ -48,7 +48,8 @@ def render_text(doc: dict) -> str:
         lines += ["", f"GPU allocations by process ({len(gpu.get('processes') or [])}):"]
         for p in gpu.get("processes") or []:
             lines.append(f"  {p['pid']:>7}  {gib(p.get('bytes')):>12}  {p.get('comm') or '?'}  "
-                         f"{p.get('unit') or p.get('cgroup') or '-'}")
+                         f"{p.get('unit') or p.get('cgroup') or '-'}"
+                         + ("" if p.get("unified", True) else "  (a discrete GPU's own memory: not in MemTotal)"))
     else:
         lines += ["", f"GPU allocations by process: unknown ({gpu.get('reason')})"]
     uvm = doc.get("uvm_page_tables") or {}
