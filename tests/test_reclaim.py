@@ -185,3 +185,16 @@ def test_prepare_launch_over_dbus_is_a_polkit_job(tmp_path):
         daemon.stop()
         bus.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_memory_reclaim_that_cannot_be_written_falls_back_to_drop_caches(tmp_path):
+    """spark-memsaverd's unit mounts /sys/fs/cgroup read-only (ProtectControlGroups=yes): PrepareLaunch's write to
+    memory.reclaim fails there (EROFS). A directory in its place stands in for that failure here (EISDIR): the run
+    says why and drops caches instead, rather than reclaiming nothing."""
+    r = root(tmp_path, knobs=KNOBS[1:])
+    (r / KNOBS[0]).mkdir(parents=True)
+    res = json.loads(cli("--root", str(r), "reclaim", "--need", "60G", "--json").stdout)
+    acts = [(s["action"], s["ok"]) for s in res["steps"]]
+    assert acts[:2] == [("memory-reclaim", False), ("drop-caches", True)], acts
+    assert res["method"] == "drop_caches" and "memory.reclaim could not be written" in res["steps"][1]["why"]
+    assert (r / KNOBS[1]).read_text() == "1"

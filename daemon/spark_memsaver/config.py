@@ -8,6 +8,7 @@ naming the file, the key and what was expected.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from spark_memsaver.record import Record, asdict, field
 
@@ -40,6 +41,8 @@ class Config(Record, frozen=True):
     # Driver source missing: "auto" = fetch that exact version with apt-get download into the cache;
     # "never" = do not, status names the exact apt-get install command instead.
     source_fetch: str = "auto"
+    # Keep MemFree above this under memory pressure (a size such as "8G"); "off" by default (service/floor.py).
+    memory_floor: str = "off"
     # Where this config came from ("defaults" or a path).
     source: str = field(default="defaults", compare=False)
     # Notes about the file that are not errors (an old tier name, ...): shown as info findings.
@@ -71,6 +74,9 @@ _SCHEMA = {
     "auto_build": (bool, None, "true or false"),
     "history_size": (int, lambda v: 10 <= v <= 100000, "an integer between 10 and 100000"),
     "source_fetch": (str, lambda v: v in SOURCE_FETCH_MODES, "one of: " + ", ".join(SOURCE_FETCH_MODES)),
+    "memory_floor": (str, lambda v: v == "off" or re.fullmatch(r"[1-9][0-9]{0,6}(\.[0-9]+)?[KMGT]?(i?B)?", v,
+                                                              re.IGNORECASE) is not None,
+                     "'off' or a size such as 8G (binary units: K, M, G, T)"),
 }
 
 

@@ -34,6 +34,10 @@ MEANING = {
                     "`apt-get download` into `/var/cache/spark-memsaver/sources` (SHA256 from APT's lists, nothing "
                     "installed, only installed drivers' sources kept); `never`: `status` names the exact "
                     "`apt-get install <pkg>=<version>`",
+    "memory_floor": "`off`, or a size such as `8G`: the daemon registers a PSI trigger on `/proc/pressure/memory` "
+                    "(woken only under pressure, no timer) and, when it fires with MemFree below the floor, reclaims "
+                    "up to the floor (as `reclaim --need`, at most once a minute; each action one line in the "
+                    "journal); costs page-cache hits (docs/memory.md); read at daemon start",
 }
 
 

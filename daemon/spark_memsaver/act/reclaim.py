@@ -84,6 +84,12 @@ def reclaim(host: Host, need_bytes: int, dry_run: bool = False, progress=None) -
                     continue
             _say(progress, 0.2 + 0.6 * len(done) / len(p["steps"]), step["why"])
             done.append(dict(step, **write_knob(host, step["path"], step["value"])))
+            if step["action"] == "memory-reclaim" and not done[-1]["ok"]:
+                # e.g. EROFS: spark-memsaverd's unit mounts /sys/fs/cgroup read-only (ProtectControlGroups=yes)
+                fb = decide.drop_caches_step(before, need_bytes, paths.DROP_CACHES,
+                                             f"memory.reclaim could not be written ({done[-1]['error']})")
+                done.append(dict(fb, **write_knob(host, fb["path"], fb["value"])))
+                result["method"] = "drop_caches"
         after = _doc(host)
     free_after = after["free_now_bytes"]
     return dict(result, steps=done, after=figures(after), free_after_bytes=free_after,

@@ -26,6 +26,14 @@ def blocks_short(doc: dict, need: int) -> bool:
     return n * NAMED_BLOCKS[0] < min(need, doc["free_now_bytes"])
 
 
+def drop_caches_step(doc: dict, need: int, path: str, reason: str) -> dict:
+    """The stated fallback: drop_caches=1 drops every clean page-cache page, more than the need."""
+    free, after = doc["free_now_bytes"], doc["free_after_reclaim_bytes"]
+    return {"action": "drop-caches", "path": path, "value": "1",
+            "why": f"{gib(max(0, need - free))} short of {gib(need)}; {reason}, so drop_caches=1: it drops the whole "
+                   f"clean page cache ({gib(after - free)} reclaimable), more than needed"}
+
+
 def plan(doc: dict, need: int, *, cgroup_reclaim: str | None, drop_caches: str, compact: str) -> dict:
     """{possible, need_bytes, free_before_bytes, reclaimable_bytes, short_bytes, steps: [{action, path, value,
     why}], text}; ``possible`` False with ``cannot_bytes`` when the need exceeds MemAvailable."""
@@ -47,11 +55,8 @@ def plan(doc: dict, need: int, *, cgroup_reclaim: str | None, drop_caches: str, 
                           "why": f"{gib(short)} short of {gib(need)}: reclaim {gib(ask)} (with a margin) from "
                                  "the root cgroup, the least recently used pages first"})
         else:
-            steps.append({"action": "drop-caches", "path": drop_caches, "value": "1",
-                          "why": f"{gib(short)} short of {gib(need)}; cgroup v2 memory.reclaim is not available "
-                                 "here (no cgroup2 memory controller at /sys/fs/cgroup), so drop_caches=1: it "
-                                 f"drops the whole clean page cache ({gib(after - free)} reclaimable), more than "
-                                 "needed"})
+            steps.append(drop_caches_step(doc, need, drop_caches, "cgroup v2 memory.reclaim is not available here "
+                                                                  "(no cgroup2 memory controller at /sys/fs/cgroup)"))
     steps.append({"action": "compact-if-short", "path": compact, "value": "1",
                   "why": "then, if less than the need lies in free blocks of 2 MiB or more: compact every zone"})
     text = (f"{gib(need)} is free already; nothing to reclaim" if not short

@@ -235,6 +235,8 @@ class Daemon:
                                        document_of=lambda: self.doc)
         self.monitor.start()
         self.monitor.sample("start")
+        from spark_memsaver.service import floor    # config memory_floor: a PSI trigger, or nothing
+        self.floor = floor.attach(self)
 
     def on_sample(self, s: dict) -> None:
         self.last_sample = s
