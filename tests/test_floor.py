@@ -110,3 +110,11 @@ def test_the_daemon_registers_the_trigger_when_the_floor_is_set(tmp_path):
         daemon.stop()
         bus.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_without_a_floor_a_trigger_event_still_starts_the_black_box():
+    from gi.repository import GLib
+    seen, asked = [], []
+    f = floor.Floor(Host(FIX / "gb10-64k"), None, asked.append, on_pressure=lambda: seen.append(1))
+    assert f._on_event(None, GLib.IOCondition.PRI) is True
+    assert seen == [1] and asked == [] and f.check("x") == "off" and f.wakeups == 1

@@ -45,8 +45,11 @@ def register(cli) -> None:
     @click.option("--since", "since", metavar="DURATION|TIME", default=None,
                   help="Only samples newer than this: a duration ago (90m, 2h, 7d) or a UTC time.")
     @click.option("--json", "as_json", is_flag=True, help="Print the samples as JSON (bytes).")
+    @click.option("--boot", "boot", type=click.IntRange(max=0), default=None, metavar="N",
+                  help="The black box of a boot instead: 0 this one, -1 the one before (1 Hz samples under "
+                       "memory pressure, kept through a power cycle).")
     @click.pass_obj
-    def history(obj, since, as_json: bool):
+    def history(obj, since, as_json: bool, boot):
         """Show the monitoring samples (memory and page-table backing over time).
 
         Read from /var/lib/spark-memsaver/history/ (kept 7 days at the sampling interval); spark-memsaverd
@@ -55,6 +58,8 @@ def register(cli) -> None:
         from spark_memsaver.service import history as hist
 
         t0 = parse_since(since) if since else None
+        if boot is not None:
+            return _black_box(obj, boot, t0, as_json)
         skipped = 0
         if hist.exists(obj.host):
             samples, skipped = hist.read_counted(obj.host, since=t0)
@@ -79,3 +84,27 @@ def register(cli) -> None:
             click.echo(f"{t:<20} {_gib(s.get('mem_available')):>13} {_gib(s.get('backing_bytes')):>11} "
                        f"{_gib(s.get('saved_bytes')):>9}  {s.get('reason', '')}")
         return 0
+
+
+def _black_box(obj, boot: int, t0, as_json: bool) -> int:
+    """history --boot N: the black box's samples of that boot (service/blackbox.py), oldest first."""
+    import click
+
+    from spark_memsaver.service import blackbox
+    bid, samples = blackbox.read_boot(obj.host, boot)
+    samples = [s for s in samples if t0 is None or (isinstance(s.get("time"), (int, float)) and s["time"] >= t0)]
+    if as_json:
+        click.echo(json.dumps({"boot": boot, "boot_id": bid, "samples": samples}, indent=2))
+        return 0
+    if not samples:
+        click.echo(f"no black-box samples for boot {boot}" + (f" ({bid})" if bid else "")
+                   + ": recorded only under memory pressure.")
+        return 0
+    click.echo(f"boot {boot} ({bid}): {len(samples)} samples under memory pressure")
+    click.echo(f"{'TIME (UTC)':<20} {'FREE GiB':>8} {'AVAILABLE GiB':>13} {'CACHE GiB':>9} {'PSI some10':>10} "
+               f"{'full10':>6}")
+    for s in samples:
+        t = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.get("time") or 0))
+        click.echo(f"{t:<20} {_gib(s.get('mem_free')):>8} {_gib(s.get('mem_available')):>13} "
+                   f"{_gib(s.get('cached')):>9} {s.get('psi_some_avg10') or 0:>10.2f} {s.get('psi_full_avg10') or 0:>6.2f}")
+    return 0

@@ -16,6 +16,7 @@ ROLLBACKS = f"{STATE_DIR}/rollbacks"
 BUILDS = f"{STATE_DIR}/builds"        # build records <kernel>.json (act/records_io.py writes, observe/builds.py reads)
 HOLDS = f"{STATE_DIR}/holds"          # the administrator's holds: <kernel>.json, all.json (host/holds.py)
 SAMPLES_DIR = f"{STATE_DIR}/history"      # the monitor's persisted samples (service/history.py): not lifecycle
+BLACKBOX_DIR = f"{STATE_DIR}/blackbox"    # 1 Hz samples under memory pressure, fsynced, per boot (service/blackbox.py)
 EVENTS = f"{STATE_DIR}/events.jsonl"      # the one lifecycle event log (host/events.py)
 LEGACY_HISTORY = f"{STATE_DIR}/history.jsonl"   # an older install's second lifecycle log: folded into EVENTS
 STOCK_DIR = f"{STATE_DIR}/stock"          # older one-line stock records <kernel> (read by the guard, migrated)
@@ -41,6 +42,8 @@ DOCUMENTED = (
     (f"{LOG_DIR}/", "Build logs: DKMS's make.log of each build, as `dkms-build-VERSION-KERNEL.log`."),
     (f"{SAMPLES_DIR}/", "The monitoring samples `spark-memsaver history` reads (kept 7 days at the configured "
                         "interval, whatever `history_size` says)."),
+    (f"{BLACKBOX_DIR}/", "The black box: samples each second while memory pressure lasts, fsynced, one file per boot "
+                         "(`spark-memsaver history --boot -1` reads the boot before this one)."),
     (EVENTS, "The lifecycle event log `spark-memsaver events` reads."),
     (f"{CACHE_DIR}/", "Caches: NVIDIA driver sources fetched for precompiled drivers (`sources/`), a fetch deferred "
                       "past APT, parsed patch data."),

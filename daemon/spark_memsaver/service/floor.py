@@ -1,4 +1,5 @@
-"""The opt-in free-memory floor (config ``memory_floor``, off by default): a PSI trigger, no timer.
+"""The memory-pressure watch: a PSI trigger, no timer. It starts the black box (service/blackbox.py) under
+pressure, always; and the opt-in free-memory floor (config ``memory_floor``, off by default).
 
 At daemon start, when the floor is set, a trigger is written to ``/proc/pressure/memory`` (``some 200000 2000000``:
 200 ms of stall within 2 s) and the file descriptor is watched for POLLPRI on the main loop. The kernel wakes the
@@ -39,8 +40,9 @@ def mem_free(host) -> int | None:
 class Floor:
     """``start_job(need_bytes)`` starts the reclaim (the daemon's job); it raises errors.Busy when a job runs."""
 
-    def __init__(self, host, floor: int, start_job, clock=time.monotonic):
+    def __init__(self, host, floor: int | None, start_job, clock=time.monotonic, on_pressure=None):
         self.host, self.floor, self.start_job, self.clock = host, floor, start_job, clock
+        self.on_pressure = on_pressure        # the black box
         self.fd: int | None = None
         self.source = None
         self.wakeups = 0          # trigger events seen (the footprint: 0 on an idle node)
@@ -54,15 +56,19 @@ class Floor:
             self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
             os.write(self.fd, TRIGGER + b"\0")
         except OSError as e:
-            log.warning("memory floor %d MiB: no PSI trigger on %s (%s): the floor is inactive", self.floor >> 20,
-                        PSI_MEMORY, e.strerror or e)
+            (log.warning if self.floor else log.info)(
+                "%s: no PSI trigger on %s (%s): no black box%s", self._what(), PSI_MEMORY, e.strerror or e,
+                ", the floor is inactive" if self.floor else "")
             self.stop()
             return False
         from gi.repository import GLib
         self.source = GLib.unix_fd_add_full(GLib.PRIORITY_DEFAULT, self.fd,
                                             GLib.IOCondition.PRI | GLib.IOCondition.ERR, self._on_event)
-        log.info("memory floor %d MiB: PSI trigger '%s' on %s", self.floor >> 20, TRIGGER.decode(), PSI_MEMORY)
+        log.info("%s: PSI trigger '%s' on %s", self._what(), TRIGGER.decode(), PSI_MEMORY)
         return True
+
+    def _what(self) -> str:
+        return f"memory floor {self.floor >> 20} MiB" if self.floor else "memory pressure watch (no floor)"
 
     def stop(self) -> None:
         if self.source is not None:
@@ -77,15 +83,19 @@ class Floor:
         from gi.repository import GLib
         self.wakeups += 1
         if cond & GLib.IOCondition.ERR:
-            log.warning("memory floor: the PSI trigger failed (POLLERR); the floor is inactive")
+            log.warning("memory pressure watch: the PSI trigger failed (POLLERR); it is inactive")
             self.source = None
             self.stop()
             return False
+        if self.on_pressure is not None:
+            self.on_pressure()
         self.check("memory pressure")
         return True
 
     def check(self, why: str) -> str:
         """Reclaim up to the floor when MemFree is below it; what was done, as a word (for the log and tests)."""
+        if self.floor is None:
+            return "off"
         free = mem_free(self.host)
         if free is None or free >= self.floor:
             return "above"
@@ -107,10 +117,10 @@ class Floor:
 
 
 def attach(core) -> Floor | None:
-    """The daemon's floor (service/daemon.py calls this once the monitor runs); None when off or unavailable."""
+    """The daemon's pressure watch (service/daemon.py calls this once the monitor runs): the black box always, the
+    floor when configured; None when the kernel offers no trigger."""
+    from spark_memsaver.service.blackbox import BlackBox
     floor = floor_bytes(getattr(core.config, "memory_floor", "off"))
-    if floor is None:
-        return None
 
     def start_job(need: int) -> None:
         def run(progress):
@@ -118,5 +128,5 @@ def attach(core) -> Floor | None:
             return operations.run("prepare-launch", core.host, core.config, progress, need_bytes=need)
         core.jobs.start("prepare-launch", run, uid=0, then=core._after_job)
 
-    f = Floor(core.host, floor, start_job)
+    f = Floor(core.host, floor, start_job, on_pressure=BlackBox(core.host).on_pressure)
     return f if f.start() else None
