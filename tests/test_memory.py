@@ -312,3 +312,17 @@ def test_a_discrete_gpus_memory_is_not_carved_out_of_memtotal():
                                                       {"pid": 8, "bytes": GIB, "unified": True}]}
     k = kinds(decide.model(reading))
     assert k["gpu-allocations"] == GIB and k["driver-and-other"] == UNCOUNTED_64K - GIB
+
+
+def test_watch_repeats_and_ctrl_c_ends_it_cleanly():
+    import signal
+    import time
+    p = subprocess.Popen(["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(FIX / "gb10-64k"), "memory",
+                          "--json", "--watch", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=ENV)
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert len(docs) >= 2 and all(d["schema"] == 1 for d in docs)
+    assert p.returncode == 0 and "interrupted" not in err, err

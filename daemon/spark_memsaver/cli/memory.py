@@ -44,7 +44,10 @@ def register(cli) -> None:
                 break
             if not as_json:
                 click.echo("")
-            time.sleep(watch)
+            try:
+                time.sleep(watch)
+            except KeyboardInterrupt:       # Ctrl-C ends a watch: not an error
+                return 0
         return 1 if doc["verdict"]["fits"] == "no" else 0
 
     @cli.command("reclaim")
