@@ -28,7 +28,7 @@ def register(cli) -> None:
         doc, _ = run_status(obj.host, obj.safety_config())   # a bad file: a finding, not a stop
         from spark_memsaver.decide import memory as decide_memory
         from spark_memsaver.observe import memory as observe_memory
-        mem = decide_memory.model(observe_memory.read(obj.host, gpu=False, blocks=False))
+        mem = decide_memory.model(observe_memory.read(obj.host, gpu=False, blocks=False, pagetypes=False))
         text = exposition(doc, events=events.read(obj.host), memory_doc=mem)
         if output is None:
             click.echo(text, nl=False)

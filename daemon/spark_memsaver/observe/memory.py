@@ -61,10 +61,12 @@ def uvm_counters(host: Host, uvm: dict | None = None) -> dict | None:
             "saved_bytes": packing.get("saved_bytes")}
 
 
-def read(host: Host, gpu: bool = True, blocks: bool = True, uvm: dict | None = None) -> dict:
+def read(host: Host, gpu: bool = True, blocks: bool = True, uvm: dict | None = None,
+         pagetypes: bool = True) -> dict:
     """One reading of everything ``memory`` shows (plain JSON-able dict). ``gpu`` False skips NVML and
     ``blocks`` False the sysfs memory blocks (the daemon's sample and metrics: no library load, no walk over
-    a thousand sysfs directories each interval)."""
+    a thousand sysfs directories each interval), ``pagetypes`` False /proc/pagetypeinfo (the kernel walks the free
+    lists under the zone lock to print it: not each interval)."""
     unreadable = []
 
     def text(path):
@@ -75,7 +77,7 @@ def read(host: Host, gpu: bool = True, blocks: bool = True, uvm: dict | None = N
 
     mi = text("/proc/meminfo")
     bi = text("/proc/buddyinfo")
-    pti = text("/proc/pagetypeinfo")
+    pti = text("/proc/pagetypeinfo") if pagetypes else None
     vm = text("/proc/vmstat")
     psi = {}
     for res in PSI_RESOURCES:

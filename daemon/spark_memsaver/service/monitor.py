@@ -64,7 +64,7 @@ def memory_model(host: Host, uvm: dict) -> dict | None:
     from spark_memsaver.decide import memory as decide
     from spark_memsaver.observe import memory as observe
     try:
-        doc = decide.model(observe.read(host, gpu=False, blocks=False, uvm=uvm))
+        doc = decide.model(observe.read(host, gpu=False, blocks=False, uvm=uvm, pagetypes=False))
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("memory sample failed: %s", e)
         return None
