@@ -34,6 +34,7 @@ OURS = {
     "spark_memsaver.observe",
     "spark_memsaver.observe.builds", "spark_memsaver.observe.counters", "spark_memsaver.observe.guardlog",
     "spark_memsaver.observe.modcache", "spark_memsaver.observe.modules", "spark_memsaver.observe.mok",
+    "spark_memsaver.observe.procmem",                       # the Memory line (issue 36): two small /proc files
     "spark_memsaver.observe.snapshot", "spark_memsaver.observe.sources", "spark_memsaver.record",
     "spark_memsaver.remedy", "spark_memsaver.report", "spark_memsaver.report.document", "spark_memsaver.versions",
     "spark_memsaver.vocabulary", "spark_memsaver.world", "spark_memsaver.world.manifest",
