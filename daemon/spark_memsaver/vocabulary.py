@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from spark_memsaver.errors import ConfigError
 
+# --- the module's identity ----------------------------------------------------------------------
+
+PATCH_ID = "uvm-pt-pack/1"     # modinfo ``spark_memsaver`` of the module this package builds (decide/ours.py decides
+                               # over it; observe/modules.py reads it; the kotool and dkms.conf carry it)
+
 # --- tiers -------------------------------------------------------------------------------------
 
 TIERS = {"leaf": 3, "4k-all": 1, "256": 2}          # config name -> module value

@@ -108,13 +108,14 @@ def _modinfo_path(host: Host, kernel: str, name: str) -> str | None:
 def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | None:
     """The file module loading selects for `name` on `kernel` (observe/modules.py, the one reader), or None
     when nothing is selected or the selection cannot be read (callers treat both as "not ours", never as a
-    verified stock file: verification compares paths and digests)."""
+    verified stock file: verification compares paths and digests). Whether it is ours: decide/ours.py, on this
+    dict."""
     sel = modules.read_selected(host, kernel, name, digest=digest)
     if sel["state"] in ("none", "builtin", "unreadable"):
         return None
     return {"path": sel["path"], "version": sel.get("version"), "srcversion": sel.get("srcversion"),
             "vermagic": (sel.get("vermagic") or "").split(" ")[0], "patch_id": sel.get("patch_id"),
-            "ours": sel["state"] == "ours", "state": sel["state"], "sha256": sel.get("sha256")}
+            "state": sel["state"], "patched": sel.get("patched"), "sha256": sel.get("sha256")}
 
 
 def kernel_config(host: Host, kernel: str) -> dict:
@@ -353,6 +354,6 @@ def _uninstall_kernel(host: Host, ver: str, kernel: str) -> None:
 def _backup_originals(host: Host, kernel: str) -> None:
     src = host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}")
     if src.is_dir():
-        dst = host.path(f"{STATE_DIR}/original/{kernel}")
+        dst = host.path(paths.stock_original(kernel))
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from spark_memsaver.act import installable
 from spark_memsaver.config import Config
+from spark_memsaver.decide.ours import is_ours
 from spark_memsaver.host import Host
 
 
@@ -103,7 +104,7 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
                       _step("record", k.release, f"rollback record: {args.get('reason') or 'requested'} "
                                                     "(automation never undoes it; 'install' does)")]
         uvm = snap.uvm
-        if steps and uvm.loaded and uvm.patched:
+        if steps and uvm.loaded and is_ours(uvm):
             steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
     else:
         raise ValueError(op)

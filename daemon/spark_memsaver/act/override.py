@@ -11,23 +11,52 @@ from pathlib import Path
 
 from spark_memsaver.act import signing as sig
 from spark_memsaver.decide import policy
+from spark_memsaver.decide.ours import built_here, is_ours, is_stock
 from spark_memsaver.errors import MemsaverError, SecureBootUnknown
 from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.act.dkms_errors import DkmsMissing, InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
-from spark_memsaver.act.dkms_run import PATCH_ID, STATE_DIR, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
+from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
 
 
 def _stock_record_path(kernel: str) -> str:
-    return f"{STATE_DIR}/{kernel}.json"
+    return paths.stock_record(kernel)       # host/paths.py: the one location (safe_name'd)
 
 
 def _stock_record(host: Host, kernel: str) -> dict | None:
     """The stock record, typed (host/records.py), or None when absent or bad."""
     return records.one(host, "stock", _stock_record_path(kernel))
+
+
+def record_stock(host: Host, kernel: str) -> dict | None:
+    """The ONE writer of the stock record (``paths.stock_record``; host/records.py's "stock" kind; the load-time
+    guard reads its stock_path): which stock nvidia-uvm modprobe selects for ``kernel`` before our override.
+    Only a stock module is recorded (decide/ours.is_stock): a packing module of any tag (decide/ours.is_ours --
+    ``uvm-pt-pack/2`` included) or an unreadable selection never is; the record already there is kept then. The
+    same file recorded again keeps its record. Nothing selected: a record without a stock file (when none is
+    there yet). The older one-line text record goes once the JSON one names the file. Returns the record now in
+    force (None: none)."""
+    old = _stock_record(host, kernel)
+    sel = modules.read_selected(host, kernel, MODULE, digest=True)
+    if sel["state"] in ("none", "builtin"):
+        rec = old or {"kernel": kernel, "stock_path": None, "stock_sha256": None, "recorded": sig._now()}
+    elif not is_stock(sel):
+        return old
+    elif old and old.get("stock_path") == sel["path"] and old.get("stock_sha256") == sel.get("sha256"):
+        rec = old
+    else:
+        rec = {"kernel": kernel, "stock_path": sel["path"], "stock_sha256": sel.get("sha256"),
+               "stock_version": sel.get("version"),
+               "stock_owner_dkms": _other_dkms_owner(host, kernel, sel["path"]) if DEST in sel["path"] else None,
+               "recorded": sig._now()}
+    if rec is not old:
+        _write_json(host, _stock_record_path(kernel), rec)
+    if rec.get("stock_path"):
+        host.path(paths.legacy_stock_record(kernel)).unlink(missing_ok=True)
+    return rec
 
 
 def _other_dkms_owner(host: Host, kernel: str, path: str) -> dict | None:
@@ -56,7 +85,7 @@ def verify_installed(host: Host, kernel: str) -> dict:
     sel = selected(host, kernel, MODULE)
     nv = selected(host, kernel, "nvidia", digest=False)
     ver = installed_version(host, kernel)
-    out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": bool(sel and sel.get("ours")),
+    out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": built_here(sel),
            "state": raw["state"], "installed_version": ver, "nvidia": nv, "matches_dkms_copy": False,
            "ok": False, "problems": []}
     if raw["state"] == "unreadable":
@@ -65,8 +94,10 @@ def verify_installed(host: Host, kernel: str) -> dict:
     if sel is None:
         out["problems"].append(f"no {MODULE} is selected for {kernel}")
         return out
-    if not out["ours"]:
-        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours")
+    if not built_here(sel):
+        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours" if not is_ours(sel) else
+                               f"the selected {MODULE} ({sel['path']}) is a packing module this package did not "
+                               f"build (tag {sel.get('patch_id')!r}, not {PATCH_ID!r})")
         return out
     built = built_module(host, ver, kernel) if ver else None
     out["matches_dkms_copy"] = bool(built and sha256(built) == sel.get("sha256"))
@@ -130,16 +161,7 @@ def _install_one(host: Host, config, kernel: str, progress) -> dict:
     b = _build_locked(host, config, kernel, None, _scaled(progress, 0.0, 0.9), False)
     ver = b["dkms_version"]
     progress(0.9, f"installing {PACKAGE}/{ver} for {kernel}")
-    before = selected(host, kernel, MODULE)
-    rec = _stock_record(host, kernel) or {}
-    if before and not before.get("ours"):
-        rec = {"kernel": kernel, "stock_path": before["path"], "stock_sha256": before["sha256"],
-               "stock_version": before.get("version"),
-               "stock_owner_dkms": _other_dkms_owner(host, kernel, before["path"]) if DEST in before["path"] else None,
-               "recorded": sig._now()}
-    elif not before:
-        rec = {"kernel": kernel, "stock_path": None, "stock_sha256": None, "recorded": sig._now()}
-    _write_json(host, _stock_record_path(kernel), rec)
+    rec = record_stock(host, kernel) or {}
     written = ensure_host_files(host)
     if written:
         _depmod(host, kernel)
@@ -164,7 +186,7 @@ def _install_one(host: Host, config, kernel: str, progress) -> dict:
         if installed_version(host, kernel) == ver:
             _uninstall_kernel(host, ver, kernel)
         restore_stock(host, kernel)
-        if refusal or not v["ours"]:
+        if refusal or not built_here(v):          # v["state"]: the selection verify_installed read
             raise InstallRefused(f"dkms install exited 0 but {PACKAGE}/{ver} is not the selected {MODULE} for "
                                  f"{kernel} (selected: {v['selected']})" + ("; DKMS said: " + " ".join(refusal)
                                                                             if refusal else ""),
@@ -209,7 +231,7 @@ def restore_stock(host: Host, kernel: str) -> dict:
     for s in _SUFFIXES:
         p = host.path(installed_path(host, kernel, s))
         if p.is_file():
-            if modules.read_file(host, installed_path(host, kernel, s))["state"] == "ours" \
+            if built_here(modules.read_file(host, installed_path(host, kernel, s))) \
                     and installed_version(host, kernel) is None:
                 p.unlink()
                 actions.append(f"removed leftover {installed_path(host, kernel, s)}")
@@ -227,7 +249,7 @@ def restore_stock(host: Host, kernel: str) -> dict:
     if stock_path and stock_sha and cur_sha != stock_sha and not replaced:
         cands = list(host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}").rglob(f"{MODULE}.ko*")) + \
             [host.path(installed_path(host, kernel, s)) for s in _SUFFIXES] + \
-            list(host.path(STATE_DIR).glob(f"original/{kernel}/**/{MODULE}.ko*"))
+            list(host.path(paths.stock_original(kernel)).glob(f"**/{MODULE}.ko*"))
         owner = rec.get("stock_owner_dkms")
         if owner and owner.get("copy"):
             cands.append(Path(owner["copy"]))
@@ -245,7 +267,7 @@ def restore_stock(host: Host, kernel: str) -> dict:
     _depmod(host, kernel)
     after = selected(host, kernel, MODULE)
     problems = []
-    if after and after.get("ours"):
+    if is_ours(after):
         problems.append(f"our module {after['path']} is still selected")
     if stock_path and stock_sha:
         if after is None or after.get("path") != stock_path or (after.get("sha256") != stock_sha and not replaced):
@@ -256,8 +278,9 @@ def restore_stock(host: Host, kernel: str) -> dict:
 
 
 def _file_is_ours(host: Host, path: str) -> bool:
-    """Whether the module file at ``path`` is our patched nvidia-uvm (observe/modules.py's test)."""
-    return modules.is_ours_file(host, path)
+    """Whether the module file at ``path`` is a packing nvidia-uvm of any tag (decide/ours.is_ours over
+    observe/modules.read_file): never a stock file a driver package put back."""
+    return is_ours(modules.read_file(host, path))
 
 
 def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None) -> dict:
@@ -296,7 +319,7 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
         res["initramfs"] = refresh_initramfs(host, k)
         host.path(_stock_record_path(k)).unlink(missing_ok=True)
         host.path(paths.legacy_stock_record(k)).unlink(missing_ok=True)     # an older text one, if any
-        shutil.rmtree(host.path(f"{STATE_DIR}/original/{k}"), ignore_errors=True)
+        shutil.rmtree(host.path(paths.stock_original(k)), ignore_errors=True)
     for ver in registered_versions(host) if have_dkms else ():
         _drop_if_empty(host, ver)
     progress(1.0, "removed")

@@ -10,6 +10,7 @@ from spark_memsaver.act import records_io as rio
 from spark_memsaver.act import steps as st
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
+from spark_memsaver.decide import ours
 from spark_memsaver.errors import MemsaverError, UsageError
 from spark_memsaver.host import Host
 from spark_memsaver import world
@@ -55,7 +56,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
             done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
     reload = None
     uvm = snap.uvm
-    if uvm.loaded and uvm.patched and host.is_live:
+    if uvm.loaded and ours.is_ours(uvm) and host.is_live:
         reload = st.reload_uvm(host, progress)
     return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
             "nothing_to_do": not targets}

@@ -13,11 +13,10 @@ import logging
 from spark_memsaver.act import records_io as rio
 from spark_memsaver.config import Config
 from spark_memsaver.decide import plan as rc
-from spark_memsaver.decide import policy
+from spark_memsaver.decide import ours, policy
 from spark_memsaver.errors import EXIT_FAILED, MemsaverError
 from spark_memsaver.host import Host, events, intents
 from spark_memsaver.observe import snapshot as observe
-from spark_memsaver.host import paths
 
 log = logging.getLogger("spark_memsaver.act.steps")
 
@@ -68,14 +67,15 @@ def still_ours(host: Host, kernel: str) -> bool:
     """True unless the selection is proven not ours (stock, none, builtin): an unreadable selection after a
     removal is a failure, never taken for stock."""
     from spark_memsaver.observe import modules
-    return modules.read_selected(host, kernel)["state"] not in ("stock", "none", "builtin")
+    sel = modules.read_selected(host, kernel)
+    return sel["state"] == "unreadable" or ours.is_ours(sel)
 
 
 def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
     from spark_memsaver.observe import modules
     sel = modules.selection(host, kernel)
     nv = rc.base_version((sel.get("nvidia") or {}).get("version"))
-    return sel["state"] == "ours" and sel.get("versions_match") is True, modules.describe(sel) or {}, nv
+    return ours.built_here(sel) and sel.get("versions_match") is True, modules.describe(sel) or {}, nv
 
 
 # --- engines, wrapped --------------------------------------------------------------------------
@@ -103,27 +103,10 @@ def source_trees(host: Host, snap) -> dict:
 
 
 def record_stock(host: Host, kernel: str) -> str | None:
-    """Remember which stock nvidia-uvm file depmod selected for ``kernel`` before our override existed, in the
-    one stock record (JSON, ``paths.stock_record``; host/records.py's "stock" kind; act/override.py keeps it, the
-    load-time guard reads its stock_path). The older one-line text record (``paths.STOCK_DIR/<kernel>``) is
-    migrated: it goes once the JSON record names the file."""
-    import json
-    from spark_memsaver.host import records
-    from spark_memsaver.observe import modules
-    sel = modules.read_selected(host, kernel, "nvidia_uvm", digest=True)
-    if not sel.get("path") or sel.get("patched") or sel["state"] in ("none", "builtin", "unreadable"):
-        return None
-    old = records.one(host, "stock", paths.stock_record(kernel)) or {}
-    if old.get("stock_path") != sel["path"] or old.get("stock_sha256") != sel.get("sha256"):
-        rec = {"kernel": kernel, "stock_path": sel["path"], "stock_sha256": sel.get("sha256"),
-               "stock_version": sel.get("version"), "stock_owner_dkms": old.get("stock_owner_dkms")
-               if old.get("stock_path") == sel["path"] else None, "recorded": intents.now()}
-        p = host.path(paths.stock_record(kernel))
-        p.parent.mkdir(parents=True, exist_ok=True)
-        intents.atomic_write(p, json.dumps(rec, indent=2) + "\n", mode=0o644)
-    with contextlib.suppress(FileNotFoundError):
-        host.path(paths.legacy_stock_record(kernel)).unlink()
-    return sel["path"]
+    """The stock record before a build-install: act/override.record_stock, its one writer (which never records a
+    packing module of any tag as stock). The stock file it names, or None."""
+    rec = engine_override().record_stock(host, kernel)
+    return rec.get("stock_path") if rec else None
 
 
 def _public(rec: dict | None) -> dict | None:

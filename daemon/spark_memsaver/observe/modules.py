@@ -29,7 +29,7 @@ from spark_memsaver.host import Host
 from spark_memsaver.host.fsutil import sha256_file
 from spark_memsaver.host.safetext import safe
 
-PATCH_ID = "uvm-pt-pack/1"
+from spark_memsaver.vocabulary import PATCH_ID  # noqa: E402  (one definition)
 TAG_FIELD = "spark_memsaver"
 UVM = "nvidia_uvm"
 NVIDIA = "nvidia"
@@ -165,10 +165,6 @@ def read_file(host: Host, path: str) -> dict:
     except Exception as e:  # OSError, KoError (timeout, cannot decompress), struct.error, ValueError: unreadable
         return _unreadable(f"cannot read {path}: {e}", path)
     return dict(_fields(info), path=path)
-
-
-def is_ours_file(host: Host, path: str) -> bool:
-    return read_file(host, path)["state"] == "ours"
 
 
 def selection(host: Host, kernel: str, *, digest: bool = False, timeout: float = MODINFO_TIMEOUT) -> dict:

@@ -12,6 +12,7 @@ import time
 
 from spark_memsaver import __version__
 from spark_memsaver.config import Config
+from spark_memsaver.decide.ours import is_ours
 from spark_memsaver.decide.status import Verdict, evaluate
 from spark_memsaver.host import Host
 
@@ -176,7 +177,7 @@ def render_text(doc: dict, verbose: bool = False) -> str:
         ("Kernel", kernel),
         ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
         *internals,
-        ("nvidia-uvm", ("ours" if doc["uvm"]["patched"] else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
+        ("nvidia-uvm", ("ours" if is_ours(doc["uvm"]) else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
                                                                           " (not loaded)")),
         ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
         *_signing_key_row(doc["secure_boot"]),
@@ -203,7 +204,7 @@ def render_text(doc: dict, verbose: bool = False) -> str:
         lines.append(f"  {'':1} {'RELEASE':<28} {'PAGE':>6}  {'HEADERS':<8} {'UVM':<6} {'VERSION'}")
         for k in doc["kernels"]:
             sel = k["uvm_selected"] or {}
-            which = "ours" if sel.get("patched") else ("stock" if sel.get("path") else "none")
+            which = "ours" if is_ours(sel) else ("stock" if sel.get("path") else "none")
             page = f"{(k['page_size'] or 0) // 1024 or '?'} KiB"
             lines.append(f"  {'*' if k['running'] else ' '} {k['release']:<28} {page:>6}  "
                          f"{'yes' if k['headers'] else 'no':<8} {which:<6} {sel.get('version') or ''}".rstrip())

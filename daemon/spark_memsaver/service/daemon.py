@@ -162,6 +162,7 @@ class Daemon:
             self._start_monitor()
 
     def apply_doc(self, doc: dict) -> None:
+        from spark_memsaver.decide.ours import is_ours
         from spark_memsaver.decide.packing import packing_active
 
         first = self.doc is None
@@ -173,7 +174,7 @@ class Daemon:
             State=str(doc.get("state") or "unknown"), Findings=_findings(doc),
             KernelRelease=str((doc.get("host") or {}).get("kernel") or ""),
             DriverVersion=str((doc.get("driver") or {}).get("loaded_version") or ""),
-            UvmPatched=bool(uvm.get("loaded") and uvm.get("patched")), PackingActive=packing_active(uvm),
+            UvmPatched=bool(uvm.get("loaded") and is_ours(uvm)), PackingActive=packing_active(uvm),
             BackingBytes=_u64(mem.get("pagetable_backing")), SavedBytes=_u64(mem.get("saved")),
             SecureBootState=str((doc.get("secure_boot") or {}).get("state") or "unknown"),
             HeldBy=str(hold.get("by") or ""), HeldSince=str(hold.get("since") or ""))

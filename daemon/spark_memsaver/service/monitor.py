@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from spark_memsaver.decide.packing import packing_active  # noqa: F401  (the one reader: decide/packing.py)
+from spark_memsaver.decide.ours import is_ours
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver.host import Host, paths
 
@@ -46,7 +47,7 @@ def take_sample(host: Host, reason: str) -> dict:
         "mem_total": mem["total"],
         "mem_available": mem["available"],
         "uvm_loaded": uvm["loaded"],
-        "uvm_patched": uvm["patched"],
+        "uvm_patched": is_ours(uvm),
         "packing_active": packing_active(uvm),
         "tier": p.get("tier") if "error" not in p else None,
         "backing_bytes": mem["pagetable_backing"],

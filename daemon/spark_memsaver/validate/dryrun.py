@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from spark_memsaver.errors import EXIT_NOT_APPLICABLE, EXIT_OK
+from spark_memsaver.decide.ours import is_ours
 from spark_memsaver.validate.params import (GIB, HEADROOM_FRACTION, HOST_FRACTION, MIB, MIN_BUDGET, SPAN_BYTES,
                                             checked, report_targets)
 
@@ -47,7 +48,7 @@ def plan(host, max_gib, duration, threads, report_path: str | None = None) -> di
         "parameters": {k: params[k] for k in ("max_gib", "duration", "threads")},
         "identity": dict(ident, uvm={k: uvm.get(k) for k in ("loaded", "version", "patched", "parameters")}),
         "counters": ("readable" if packing and "error" not in packing else
-                     "absent (stock module)" if uvm.get("loaded") and not uvm.get("patched") else
+                     "absent (stock module)" if uvm.get("loaded") and not is_ours(uvm) else
                      "nvidia-uvm not loaded" if not uvm.get("loaded") else
                      f"unreadable ({(packing or {}).get('error', 'missing')})"),
         "other_uvm_users": [f"{h['comm']}[{h['pid']}]" for h in others],
@@ -66,7 +67,7 @@ def render(p: dict) -> str:
     page = f"{idt['page_size'] // 1024} KiB pages" if idt.get("page_size") else "page size unknown"
     out = ["plan (dry run): spark-memsaver validate",
            f"  node:     {idt['kernel']} ({idt['arch']}, {page}), nvidia {idt['nvidia_driver'] or 'not loaded'}, "
-           f"nvidia-uvm {('ours' if u['patched'] else 'stock') + ' ' + str(u['version']) if u['loaded'] else 'not loaded'}"
+           f"nvidia-uvm {('ours' if is_ours(u) else 'stock') + ' ' + str(u['version']) if u['loaded'] else 'not loaded'}"
            f"; counters {p['counters']}"]
     if p["outcome"] == "not-applicable":
         out.append(f"  outcome:  not applicable: {p['reason']} (exit 4, as the run)")

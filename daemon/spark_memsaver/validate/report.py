@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from spark_memsaver.decide.ours import is_ours
 
 from spark_memsaver import __version__
 from spark_memsaver.validate.params import (
@@ -75,7 +76,7 @@ def render_summary(rep: dict) -> str:
                      f"{'integrated' if dev.get('integrated') else 'discrete'}, CUDA {dev.get('cuda_driver_version')}"
                      f", prefetch via {dev.get('prefetch_api')}")
     lines.append(f"  driver:  {ident.get('nvidia_driver') or 'nvidia.ko not seen in /sys/module'}; nvidia-uvm "
-                 f"{'ours' if uvm.get('patched') else 'stock'} {uvm.get('version') or ''} "
+                 f"{'ours' if is_ours(uvm) else 'stock'} {uvm.get('version') or ''} "
                  f"srcversion {uvm.get('srcversion') or '?'}")
     lines.append(f"  kernel:  {ident.get('kernel')} ({ident.get('arch')}, "
                  f"{(ident.get('page_size') or 0) // 1024 or '?'} KiB pages) on {ident.get('node')}")

@@ -60,7 +60,7 @@ def observe_for_plan(host, config=None):
     """The snapshot plus what the planner needs that the snapshot does not carry yet: each kernel's
     policy facts (decide/policy.py: ``Kernel.kconfig``) and the build records (``Records.builds``: what the
     installed builds were made with)."""
-    from spark_memsaver.decide import policy
+    from spark_memsaver.decide import ours, policy
     from spark_memsaver.model import ABSENT
     from spark_memsaver.observe import builds as obuilds
     from spark_memsaver.observe import snapshot as osnap
@@ -74,7 +74,7 @@ def observe_for_plan(host, config=None):
         builds = {b["kernel"]: b for b in obuilds.read_builds(host)}
         for k in w.kernels:
             sel = k.uvm_selected
-            if sel and sel.patched and k.release not in builds:
+            if ours.is_ours(sel) and k.release not in builds:
                 meta = obuilds.dkms_meta(host, base_version(sel.version))
                 if meta:
                     builds[k.release] = {"kernel": k.release, **meta}
