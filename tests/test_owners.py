@@ -136,3 +136,80 @@ def test_the_stock_record_has_one_path():
     writers = [p.relative_to(PKG) for p in PKG.rglob("*.py")
                if re.search(r"_write_json\(host, _stock_record_path|atomic_write\(.*stock_record", p.read_text())]
     assert [str(p) for p in writers] == ["act/override.py"]
+
+
+# --- Debian version -> driver version -----------------------------------------------------------------------
+
+def test_one_debian_version_to_driver_rule():
+    """decide/apt.py turned '55.1-1' into None, decide/sources.py into '55.1' (and a kernel package's
+    '6.8.0-1010.10' into '6.8.0'): the APT door and the source finder read one package version two ways."""
+    from spark_memsaver import versions
+    from spark_memsaver.decide import apt, sources
+    cases = {"55.1-1": None, "6.8.0-1010.10": None, "1:555.58.02-1": "555.58.02", "580.142": "580.142",
+             "580.178.04-0ubuntu0.24.04.1": "580.178.04", "550.163.01-4~bpo12+1": "550.163.01",
+             "580.142~rc1-1": "580.142", "580.142.1.2-1": None, "-": None, "": None, None: None}
+    for deb, want in cases.items():
+        assert apt.upstream_of_deb(deb) == sources.driver_of(deb) == versions.driver_of_deb(deb) == want, deb
+    from spark_memsaver.service import checks
+    assert checks.DRIVER_RE is versions.DRIVER_RE is apt.DRIVER_VERSION_RE
+
+
+# --- driver branch, source package, flavour -----------------------------------------------------------------
+
+def test_the_build_refusal_names_the_packages_of_the_branch(tmp_path):
+    """dkms_run's remedy guessed nvidia-kernel-source-<major>-open, which NVIDIA's repository does not use from
+    590 on (nvidia-kernel-source-open): it now names decide/sources' packages for the branch."""
+    import pytest
+    from spark_memsaver.act.dkms_errors import DriverSourceMissing
+    from spark_memsaver.decide import sources
+    h = Host(tmp_path)
+    for drv in ("580.142", "590.48.01"):
+        with pytest.raises(DriverSourceMissing) as e:
+            dkms_run.find_driver_source(h, drv)
+        pkgs = sources.search_packages(drv)
+        assert f"'apt-cache policy {' '.join(pkgs)}'" in e.value.remedy
+        assert set(pkgs) == {c["package"] for c in sources.source_package(drv)
+                             if c["layout"] in (sources.UBUNTU, sources.UBUNTU_SERVER, sources.NVIDIA_REPO)}
+    assert "nvidia-kernel-source-open" in sources.search_packages("590.48.01")
+
+
+def test_one_flavour_rule():
+    from spark_memsaver.decide import installability as inst, sources
+    assert "def _server" not in (PKG / "decide/installability.py").read_text()
+    srv = {"nvidia_ko": ["/lib/modules/a/kernel/nvidia-580-open/nvidia.ko",
+                         "/lib/modules/b/kernel/nvidia-580srv-open/nvidia.ko"]}
+    assert sources.server_flavour(srv, "580") and not sources.server_flavour({"nvidia_ko": srv["nvidia_ko"][:1]}, "580")
+    assert sources.server_flavour({"installed": {"nvidia-kernel-common-580-server": "x"}}, "580")
+    assert inst.branch_of is sources.branch_of and inst.server_flavour is sources.server_flavour
+
+
+# --- Secure Boot: the loadable states -----------------------------------------------------------------------
+
+def test_one_rule_of_the_loadable_secure_boot_states():
+    """The states were listed in decide/mok.py, decide/installability.py and decide/status.py."""
+    from spark_memsaver.decide import mok
+    defs = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+            if re.search(r'^\w*LOADABLE\s*=\s*\("not-needed"', p.read_text(), re.M)]
+    assert defs == ["decide/mok.py"]
+    assert [s for s in mok.STATES if mok.state_loadable(s)] == ["not-needed", "enrolled"]
+
+
+# --- the tree that is built is the tree that is hashed ------------------------------------------------------
+
+def test_qualification_hashes_the_tree_the_build_compiles(tmp_path):
+    """Two trees of one driver: /usr/src/nvidia-580.142 damaged (no conftest.sh), a complete fetched one in the
+    source cache. The build compiles the cached one; on main qualification hashed the damaged one (the first
+    'open' tree of that version)."""
+    from spark_memsaver import world
+    from spark_memsaver.world import support
+    from tests.test_sources import nvidia_tree
+    drv = sparkroot.DRIVER
+    root = sparkroot.make_spark_root(tmp_path / "root")
+    h = Host(root)
+    usr = nvidia_tree(h.path(f"/usr/src/nvidia-{drv}"), drv)
+    (usr / "conftest.sh").unlink()
+    (usr / "nvidia-uvm/uvm_mmu.c").write_text("/* edited by hand */\n")
+    nvidia_tree(h.path(paths.source_tree(drv)), drv)
+    built = dkms_run.find_driver_source(h, drv)
+    assert built == paths.source_tree(drv)
+    assert support.source_trees(h, world.snapshot(h))[drv] == h.path(built)

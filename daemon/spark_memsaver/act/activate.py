@@ -55,7 +55,7 @@ def secure_boot_allows(sb: dict) -> None:
         raise ActivationRefused("the Secure Boot / MOK state cannot be read (" + (sb.get("reason") or "not observed")
                                 + "): whether the kernel would take our module is not known",
                                 remedy=sb.get("remedy") or None)
-    if state not in dm.LOADABLE:
+    if not dm.state_loadable(state):
         from spark_memsaver.decide.installability import key_phrase     # status's own sentence for the state
         raise ActivationRefused(f"Secure Boot is enforcing and {key_phrase(state)}: the "
                                 "kernel would refuse our module, so the stock nvidia-uvm stays loaded",

@@ -123,35 +123,7 @@ def kernel_config(host: Host, kernel: str) -> dict:
     return kc(host, kernel)
 
 
-def source_candidates(driver: str) -> list[str]:
-    from spark_memsaver.host.paths import source_tree   # the tree act/source_fetch.py fetched, after /usr/src's
-    return [f"{SRC_ROOT}/nvidia-{driver}", f"{SRC_ROOT}/nvidia-open-{driver}",
-            f"{SRC_ROOT}/nvidia-current-open-{driver}", f"{SRC_ROOT}/nvidia-current-{driver}", source_tree(driver)]
-
-
-def tree_problem(host: Host, src: str, driver: str) -> str | None:
-    """Why ``src`` is not a complete NVIDIA ``driver`` tree to build from, or None. The one completeness rule
-    (find_driver_source, act/source_fetch.present and its pruning; the DKMS build script checks the same)."""
-    from spark_memsaver.act import patch as uvm_patch
-    try:                                    # (a missing directory is "not a directory" here)
-        v = uvm_patch.read_tree_version(host.path(src))
-    except uvm_patch.SourceTreeInvalid as e:
-        return f"{src} is damaged: {e.message}"
-    if v != driver:
-        return f"{src} holds NVIDIA {v}, not {driver}"
-    if not re.search(r"^NV_CONFTEST_", host.read_text(f"{src}/nvidia/nvidia.Kbuild") or "", re.M):
-        return f"{src} is damaged: nvidia/nvidia.Kbuild is missing or has no conftest lists"
-    for f in ("conftest.sh", "Makefile", "nvidia-uvm/uvm.c"):
-        p = host.path(f"{src}/{f}")
-        if not p.is_file() or p.stat().st_size == 0:
-            return f"{src} is damaged: {f} is missing or empty"
-    return None
-
-
-def complete_source(host: Host, driver: str, cache: bool = True) -> str | None:
-    """The first candidate (/usr/src first, then the cache unless ``cache`` is False) that is complete."""
-    return next((c for c in source_candidates(driver) if (cache or c != paths.source_tree(driver))
-                 and host.path(c).is_dir() and tree_problem(host, c, driver) is None), None)
+from spark_memsaver.world.tree import complete_source, source_candidates, tree_problem  # noqa: E402,F401  (the one tree)
 
 
 def find_driver_source(host: Host, driver: str) -> str:
@@ -159,13 +131,13 @@ def find_driver_source(host: Host, driver: str) -> str:
     tree); DriverSourceCorrupt naming the first incomplete one if none is; DriverSourceMissing if none exists."""
     found = [c for c in source_candidates(driver) if host.path(c).is_dir()]
     if not found:
-        major = driver.split(".", 1)[0]
+        from spark_memsaver.decide.sources import search_packages   # the one package rule, per branch
         raise DriverSourceMissing(f"the NVIDIA {driver} open kernel-module source is not installed "
                                   f"(looked for {', '.join(source_candidates(driver))})", driver=driver,
                                   remedy=("'spark-memsaver status' names the exact package and version; to look "
-                                          f"it up: 'apt-cache policy nvidia-kernel-source-{major}-open' (Ubuntu) or "
-                                          "'apt-cache policy nvidia-open-kernel-dkms' (Debian), and install that package at "
-                                          f"the version it lists for {driver}."))
+                                          f"it up: 'apt-cache policy {' '.join(search_packages(driver))}' (Ubuntu, "
+                                          "NVIDIA's repository) or 'apt-cache policy nvidia-open-kernel-dkms' "
+                                          f"(Debian), and install that package at the version it lists for {driver}."))
     problems = [(c, tree_problem(host, c, driver)) for c in found]
     good = next((c for c, why in problems if why is None), None)
     if good is None:

@@ -44,26 +44,17 @@ from spark_memsaver.world.manifest import (QUALIFICATIONS, VERIFIED, _VERSION_RE
 from spark_memsaver.world.support import (_sha256, qualify, source_trees, support, support_for,  # noqa: F401
                                           tree_hashes)
 from spark_memsaver.errors import EXIT_USAGE, MemsaverError
+from spark_memsaver.world.tree import (_REQUIRED, POOL_DEST, SourceTreeInvalid,  # noqa: F401  (world/tree.py owns the
+                                       read_tree_version)                       # tree's shape and version)
 from spark_memsaver.host.runner import Runner
 
 MARKER = "spark-memsaver-uvm-patch.json"
-POOL_DEST = "nvidia-uvm"
 TIERS = {0: "off", 1: "4k-all", 2: "256", 3: "leaf"}   # decide/policy.py MODULE_TIERS
-_REQUIRED = ("Kbuild", "Makefile", "conftest.sh", "common/inc", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
-             "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild")
 _PATCH_TIMEOUT = 120.0
 
 
 # ----------------------------------------------------------------------------------------------
 # Named errors
-
-class SourceTreeInvalid(MemsaverError):
-    code = "source-tree-invalid"
-    exit_code = EXIT_USAGE
-    remedy = ("Point --source at an unmodified NVIDIA open kernel-module tree as installed under /usr/src "
-              "(e.g. /usr/src/nvidia-580.142 or upstream's kernel-open/); reinstall the driver's DKMS "
-              "source package if it was modified.")
-
 
 class DestinationExists(MemsaverError):
     code = "destination-exists"
@@ -91,35 +82,6 @@ class InvalidTier(MemsaverError):
 # ----------------------------------------------------------------------------------------------
 # Source tree
 
-def read_tree_version(src: Path) -> str:
-    """Driver version of an NVIDIA /usr/src-layout tree (raises SourceTreeInvalid)."""
-    src = Path(src)
-    if not src.is_dir():
-        raise SourceTreeInvalid(f"{src} is not a directory")
-    missing = [p for p in _REQUIRED if not (src / p).exists()]
-    if missing:
-        raise SourceTreeInvalid(f"{src} is not an NVIDIA open kernel-module tree: missing {', '.join(missing)}")
-    try:
-        kbuild = (src / "Kbuild").read_text(errors="replace")
-    except OSError as e:
-        raise SourceTreeInvalid(f"cannot read {src / 'Kbuild'}: {e}")
-    found = set(re.findall(r'-DNV_VERSION_STRING=\\?"([^"\\]+)\\?"', kbuild))
-    if len(found) != 1:
-        raise SourceTreeInvalid(f"{src / 'Kbuild'}: expected one NV_VERSION_STRING definition, found "
-                                f"{sorted(found) or 'none'}")
-    version = found.pop()
-    if not _VERSION_RE.match(version):
-        raise SourceTreeInvalid(f"{src / 'Kbuild'}: NV_VERSION_STRING {version!r} is not a driver version")
-    dkms = src / "dkms.conf"
-    if dkms.is_file():
-        m = re.search(r'^PACKAGE_VERSION="?([^"\s]+)"?', dkms.read_text(errors="replace"), re.M)
-        if m and _VERSION_RE.match(m.group(1)) and m.group(1) != version:
-            raise SourceTreeInvalid(f"{src}: Kbuild says {version} but dkms.conf says {m.group(1)}")
-    if (src / POOL_DEST / "uvm_pt_pack.c").exists() or \
-            "uvm_pt_pack" in (src / "nvidia-uvm/nvidia-uvm-sources.Kbuild").read_text(errors="replace"):
-        raise SourceTreeInvalid(f"{src} already carries the spark-memsaver pool (a patched copy?)",
-                                remedy="Use the driver's unmodified tree under /usr/src as --source.")
-    return version
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from spark_memsaver.act import signing as sig
 from spark_memsaver.host import Host, records
 from spark_memsaver.observe.dkms import DKMS_TREE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, dkms_version_string, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.decide import policy
-from spark_memsaver.act.dkms_run import (PATCH_ID, _depmod, complete_source, data_dir, log, sha256,
-                                         source_candidates)
+from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, data_dir, log, sha256, source_candidates
+from spark_memsaver.world.tree import source_tree
 
 
 def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
@@ -92,8 +92,7 @@ def recover_broken(host: Host, config) -> list[str]:
             repaired.append(ver)
             continue
         drv = parsed[0]
-        src = complete_source(host, drv) or next((c for c in source_candidates(drv) if host.path(c).is_dir()),
-                                                  source_candidates(drv)[0])
+        src = source_tree(host, drv) or source_candidates(drv)[0]          # world/tree.py: the one tree
         render(host, config, drv, src)
         repaired.append(ver)
         log.warning("re-created %s/%s-%s (it was deleted behind DKMS's back)", SRC_ROOT, PACKAGE, ver)

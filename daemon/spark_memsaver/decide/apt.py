@@ -10,18 +10,8 @@ import re
 
 from spark_memsaver.errors import UsageError
 
-DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d{1,3}(?:\.\d{1,3})?$")
-
-
-def upstream_of_deb(v: str | None) -> str | None:
-    """Debian package version -> upstream driver version: '1:555.58.02-1' -> '555.58.02' (or None)."""
-    if not v or v == "-":
-        return None
-    v = v.split(":", 1)[-1]
-    up = v.rsplit("-", 1)[0] if "-" in v else v
-    up = re.split(r"[+~]", up, maxsplit=1)[0]
-    return up if DRIVER_VERSION_RE.match(up) else None
-
+from spark_memsaver.versions import DRIVER_RE as DRIVER_VERSION_RE  # noqa: E402,F401  (the one driver shape)
+from spark_memsaver.versions import driver_of_deb as upstream_of_deb  # noqa: E402  (the one deb -> driver rule)
 
 
 DRIVER_PACKAGE_RE = re.compile(

@@ -35,8 +35,6 @@ Remedies are exact commands that work for the user who reads them (``sudo`` wher
 from __future__ import annotations
 
 
-# Secure Boot states in which a module signed by our key loads.
-SB_LOADABLE = ("not-needed", "enrolled")
 
 CODES = {"kernel": "unknown-kernel", "driver": "nvidia-ko-missing", "kernel-policy": "kernel-outside-policy",
          "manifest": "driver-unsupported", "driver-source": "driver-source-missing", "headers": "headers-missing",
@@ -53,34 +51,29 @@ def key_phrase(state: str) -> str:
     return KEY_PHRASES.get(state, f"the signing key is {state.replace('-', ' ')}")
 
 from spark_memsaver.decide.mok import ENROLL_STEPS as ENROLL  # noqa: E402  (the Secure Boot path's one wording)
+from spark_memsaver.decide.mok import state_loadable  # noqa: E402  (the one rule of the loadable states)
 
 
 from spark_memsaver.versions import base_version  # noqa: E402  (the one base_version)
 
 
-def _branch(driver: str) -> str:
-    return driver.split(".", 1)[0]
+from spark_memsaver.decide.sources import branch_of, server_flavour, source_package  # noqa: E402  (the owners)
 
 
-def _server(snap, branch: str) -> bool:
-    """Ubuntu's server flavour keeps its modules in kernel/nvidia-<branch>srv-open/."""
-    return any(f"/nvidia-{branch}srv" in str(k.nvidia_selected.path or "")
-               for k in snap.kernels if k.nvidia_selected)
+def _layout(snap) -> dict:
+    """What decide/sources' rules read, from the world: every kernel's nvidia.ko path."""
+    return {"nvidia_ko": [str(k.nvidia_selected.path) for k in snap.kernels
+                          if k.nvidia_selected and k.nvidia_selected.path]}
 
 
 def _source_package(snap, driver: str) -> str:
-    """The package most likely to carry ``driver``'s open tree here (decide/sources.py's preference order)."""
-    ko = next((str(k.nvidia_selected.path) for k in snap.kernels
-               if k.nvidia_selected and k.nvidia_selected.path), "")
-    try:
-        from spark_memsaver.decide.sources import source_package
-        cands = source_package(driver, {"nvidia_ko": ko})
-        if cands:
-            return cands[0]["package"]
-    except ImportError:
-        pass
-    br = _branch(driver)
-    return f"nvidia-kernel-source-{br}-server-open" if _server(snap, br) else f"nvidia-kernel-source-{br}-open"
+    """The package most likely to carry ``driver``'s open tree here (decide/sources.source_package's order)."""
+    lay = _layout(snap)
+    cands = source_package(driver, {**lay, "nvidia_ko": (lay["nvidia_ko"] or [""])[0]})
+    if cands:
+        return cands[0]["package"]
+    br = branch_of(driver)                  # an odd version (580.142.01.1) still names its branch's package
+    return f"nvidia-kernel-source-{br}{'-server' if server_flavour(lay, br) else ''}-open"
 
 
 def source_search_remedy(snap, driver: str) -> str:
@@ -94,8 +87,8 @@ def source_search_remedy(snap, driver: str) -> str:
 def _driver_remedy(snap, kernel: str, known: str | None) -> str:
     if not known:
         return "Install the NVIDIA open driver's kernel modules for this kernel first."
-    br = _branch(known)
-    mods = f"linux-modules-nvidia-{br}{'-server' if _server(snap, br) else ''}-open-{kernel}"
+    br = branch_of(known)
+    mods = f"linux-modules-nvidia-{br}{'-server' if server_flavour(_layout(snap), br) else ''}-open-{kernel}"
     return (f"Install the NVIDIA {br} driver's kernel modules for kernel {kernel}: "
             f"'sudo apt-get install {mods}' (Ubuntu, precompiled), or on Debian "
             f"'sudo apt-get install linux-headers-{kernel}' (nvidia-open-kernel-dkms then builds nvidia.ko for it).")
@@ -234,7 +227,7 @@ def installability(snap, config, support: dict | None, kernel_release: str) -> d
         miss.append(_missing("secure-boot", "Secure Boot / MOK state is unknown: "
                              + (sb.get("reason") or "it was not observed") + "; a module installed now might not load",
                              secure_boot_unknown_remedy(sb)))
-    elif state not in SB_LOADABLE:
+    elif not state_loadable(state):
         out["then"].append({"what": "signing-key", "code": f"mok-{state}",
                             "detail": f"Secure Boot is enforcing and {key_phrase(state)}"
                                       + (f" ({sb['reason']})" if sb.get("reason") else "")

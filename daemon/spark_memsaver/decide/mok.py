@@ -18,7 +18,13 @@ from spark_memsaver.efi.mokvars import (EFI_DIR, EFIVARS_DIR, LISTS, MOKVAR_DIR,
 
 STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete", "blocked",
           "unknown")
-LOADABLE = ("not-needed", "enrolled")
+LOADABLE = ("not-needed", "enrolled")       # the states in which a module signed by our key loads
+
+
+def state_loadable(state: str | None) -> bool:
+    """The ONE rule: does a module signed by our key load in this Secure Boot / MOK state (status, installability,
+    activate, the section's ``loadable``, which also asks the running kernel's trust)."""
+    return state in LOADABLE
 PASSWORD_MIN, PASSWORD_MAX = 1, 256          # mokutil's limits for an import password
 
 # --- named errors ------------------------------------------------------------------------------------
@@ -246,7 +252,7 @@ def section(r: MokReading) -> dict:
         "state": d.state,
         "reason": reason,
         "remedy": d.remedy,
-        "loadable": d.state in LOADABLE and not (d.state == "enrolled" and kern.get("trusted_by_kernel") == "no"),
+        "loadable": state_loadable(d.state) and not (d.state == "enrolled" and kern.get("trusted_by_kernel") == "no"),
         "efi": parsed.efi,
         "secure_boot": _sb_flag(parsed, sb),
         "setup_mode": bool(sm) if sm is not None else None,
@@ -310,6 +316,6 @@ def require_installable(sb: dict) -> None:
 
 def exit_code(sb: dict) -> int:
     state = sb.get("state")
-    if state in LOADABLE:
+    if state_loadable(state):
         return 0
     return EXIT_USAGE if state == "unknown" else EXIT_PROBLEM

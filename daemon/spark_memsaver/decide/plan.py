@@ -26,7 +26,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import hold as holds
 from spark_memsaver.decide import ours as ours_
 from spark_memsaver.decide import policy
-from spark_memsaver.decide.installability import ENROLL, SB_LOADABLE, installability  # noqa: F401
+from spark_memsaver.decide.installability import ENROLL, installability  # noqa: F401
 from spark_memsaver.decide.policy import kernel_in_policy
 # Rollback codes after which we do not retry the same driver automatically (would fail again).
 NO_AUTO_RETRY = ("build-failed", "patch-failed", "install-failed")

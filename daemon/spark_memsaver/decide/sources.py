@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import re
 
-from spark_memsaver.versions import DRIVER_RE
+from spark_memsaver.versions import DEB_VERSION_RE, DRIVER_RE, driver_of_deb  # noqa: F401
 # Debian policy 5.6.1 (package names) and 5.6.12 (versions): what an argument of apt-get may contain.
 PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
-DEB_VERSION_RE = re.compile(r"^(?:\d+:)?[0-9][A-Za-z0-9.+~:-]*$")
 
 UBUNTU = "ubuntu"
 UBUNTU_SERVER = "ubuntu-server"
@@ -32,17 +31,11 @@ DEBIAN_TARBALL = "debian-tarball"
 
 
 def branch_of(driver_version: str) -> str:
+    """The ONE driver version -> branch ('580.142' -> '580'): package names, the modules' directories."""
     return driver_version.split(".", 1)[0]
 
 
-def driver_of(deb_version: str | None) -> str | None:
-    """The NVIDIA driver version a package version carries, or None when it names none."""
-    if not deb_version or not DEB_VERSION_RE.match(deb_version):
-        return None
-    v = deb_version.split(":", 1)[1] if re.match(r"^\d+:", deb_version) else deb_version
-    upstream = v.rsplit("-", 1)[0] if "-" in v else v
-    m = re.match(r"^(\d+\.\d+(?:\.\d+)?)(?:[~+].*)?$", upstream)
-    return m.group(1) if m else None
+driver_of = driver_of_deb     # the one Debian version -> driver version (versions.py)
 
 
 def _family(layout: dict) -> str | None:
@@ -55,28 +48,40 @@ def _family(layout: dict) -> str | None:
     return None
 
 
+def _kos(layout: dict) -> list[str]:
+    ko = layout.get("nvidia_ko")
+    return [str(k) for k in (ko if isinstance(ko, (list, tuple)) else [ko]) if k]
+
+
 def _packaging(layout: dict, branch: str) -> str | None:
     """'ubuntu' or 'debian' from how the driver is installed, which outranks os-release: Ubuntu's precompiled
     layout (nvidia-kernel-common-<branch>[-server], linux-modules/objects-nvidia-*, or the stock nvidia.ko in
     kernel/nvidia-<branch>[srv]-open/) or Debian's DKMS packages. None when nothing says."""
     inst = layout.get("installed") or {}
-    ko = str(layout.get("nvidia_ko") or "")
     if (f"nvidia-kernel-common-{branch}" in inst or f"nvidia-kernel-common-{branch}-server" in inst
             or any(p.startswith(("linux-modules-nvidia-", "linux-objects-nvidia-")) for p in inst)
-            or re.search(rf"/kernel/nvidia-{re.escape(branch)}(?:srv)?-open/", ko)):
+            or any(re.search(rf"/kernel/nvidia-{re.escape(branch)}(?:srv)?-open/", ko) for ko in _kos(layout))):
         return "ubuntu"
     if any(p in inst for p in ("nvidia-open-kernel-dkms", "nvidia-kernel-dkms", "nvidia-open-kernel-source")):
         return "debian"
     return None
 
 
-def _server(layout: dict, branch: str) -> bool:
-    """The server flavour: the stock nvidia.ko lives in kernel/nvidia-<branch>srv-open/ (or the installed
-    common package is nvidia-kernel-common-<branch>-server)."""
-    ko = str(layout.get("nvidia_ko") or "")
-    if f"/nvidia-{branch}srv" in ko:
+def server_flavour(layout: dict, branch: str) -> bool:
+    """The ONE rule for Ubuntu's server flavour (its packages end in -server: the source
+    nvidia-kernel-source-<branch>-server-open, the modules linux-modules-nvidia-<branch>-server-open-<K>): a stock
+    nvidia.ko in kernel/nvidia-<branch>srv-open/ (``layout["nvidia_ko"]``: one path or several), or the installed
+    common package nvidia-kernel-common-<branch>-server."""
+    if any(f"/nvidia-{branch}srv" in ko for ko in _kos(layout)):
         return True
     return any(p == f"nvidia-kernel-common-{branch}-server" for p in layout.get("installed", {}) or {})
+
+
+def search_packages(driver_version: str) -> list[str]:
+    """The packages that may carry ``driver_version``'s open tree on Ubuntu and from NVIDIA's repository (the
+    unbranched name of branch 590 on), for a remedy that must name them without knowing the layout."""
+    return [c["package"] for c in source_package(driver_version) if c["layout"] in (UBUNTU, UBUNTU_SERVER,
+                                                                                     NVIDIA_REPO)]
 
 
 def source_package(driver_version: str, layout: dict | None = None) -> list[dict]:
@@ -92,7 +97,7 @@ def source_package(driver_version: str, layout: dict | None = None) -> list[dict
                "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None},
               {"package": f"nvidia-kernel-source-{br}-server-open", "layout": UBUNTU_SERVER,
                "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None}]
-    if _server(layout, br):
+    if server_flavour(layout, br):
         ubuntu.reverse()
     ubuntu.append({"package": "nvidia-kernel-source-open", "layout": NVIDIA_REPO,
                    "tree": f"/usr/src/nvidia-{driver_version}", "tarball": None})

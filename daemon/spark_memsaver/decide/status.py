@@ -20,8 +20,6 @@ STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")
 SEVERITIES = ("info", "warning", "error")
 
-# Secure Boot states in which a module signed by our key will load.
-SB_LOADABLE = ("not-needed", "enrolled")
 
 
 class Finding(Record, frozen=True):
@@ -144,7 +142,7 @@ def secure_boot_findings(snap, sb: dict, sb_state: str) -> list[Finding]:
         cause = mok_decide.LOAD_FAILURE_CAUSES.get(fail["cause"], fail["reason"])
         inuse = "the stock module is in use" if uvm.loaded else "no nvidia-uvm is loaded"
         if fail["cause"] in ("key-not-trusted", "signature-required"):
-            remedy = mok_decide.enrollment_remedy(sb) if sb_state not in SB_LOADABLE \
+            remedy = mok_decide.enrollment_remedy(sb) if not mok_decide.state_loadable(sb_state) \
                 else mok_decide.KERNEL_DISTRUST_REMEDY
         else:
             remedy = "Run 'sudo spark-memsaver reconcile': it rebuilds ours for this kernel and driver, or rolls back."
@@ -251,7 +249,7 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         f.append(Finding("secure-boot-unknown", "warning",
                          "Secure Boot / MOK state could not be read: " + (sb.get("reason") or "unknown reason") + ".",
                          inst_mod.secure_boot_unknown_remedy(sb)))
-    elif sb_state not in SB_LOADABLE and sb_state:
+    elif not mok_decide.state_loadable(sb_state) and sb_state:
         why = f" ({sb['reason']})" if sb.get("reason") else ""
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
@@ -360,7 +358,7 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
 
     # 8. On disk.
     if ours_selected:
-        if sb_state not in SB_LOADABLE:
+        if not mok_decide.state_loadable(sb_state):
             if sb_state != "unknown":
                 f.append(Finding("installed-awaiting-key", "info",
                                  "Our nvidia-uvm is installed — it becomes active after the key is enrolled and the "

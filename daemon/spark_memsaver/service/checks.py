@@ -17,7 +17,7 @@ from spark_memsaver import versions
 from spark_memsaver.errors import InvalidArgument  # noqa: F401  (re-exported: D-Bus's Error.InvalidArgument)
 
 KERNEL_RE = versions.KERNEL_RE      # the one kernel-release check, shared with every CLI --kernel
-DRIVER_RE = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
+DRIVER_RE = versions.DRIVER_RE      # the one driver-version shape
 REASON_MAX = 200
 CERT_MAX_BYTES = 1 << 20          # a DER or PEM certificate is a few KiB; mok reads at most 1 MiB too
 PASSWORD_MAX = 256

@@ -83,9 +83,11 @@ def support_for(versions, trees: dict | None = None) -> dict:
 
 
 def source_trees(host, w) -> dict:
-    """{driver version: host path of its open NVIDIA tree} from a world's driver sources (first one wins)."""
+    """{driver version: host path of its NVIDIA tree} for each driver a world's sources name: world/tree.source_tree,
+    the tree the DKMS build compiles (never another tree of the same version)."""
+    from spark_memsaver.world.tree import source_tree
     out = {}
     for s in w.driver.sources:
-        if s.version and s.path and s.open and s.version not in out:
-            out[s.version] = host.path(s.path)
+        if s.version and s.version not in out and (t := source_tree(host, s.version)):
+            out[s.version] = host.path(t)
     return out
