@@ -15,13 +15,16 @@ A ratchet while the last of them are taken apart: KNOWN_CYCLES and KNOWN_AGAINST
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "daemon" / "spark_memsaver"
 
-# layer of each top-level folder/module; the same number means side by side (no imports between them)
-LAYER = {"host": 0, "config": 0, "errors": 0, "exitcodes": 0, "config_keys": 0, "versions": 0, "vocabulary": 0, "record": 0, "logs": 0,
-         "yamlio": 0, "hazard_table": 0, "efi": 0, "model": 0, "": 0,
+# layer of each top-level folder/module; the same number means side by side (no imports between them). Every
+# top-level module and folder is listed: one missing fails test_every_module_has_a_layer (it is not layer 0).
+LAYER = {"host": 0, "config": 0, "errors": 0, "exitcodes": 0, "config_keys": 0, "versions": 0, "vocabulary": 0,
+         "record": 0, "logs": 0, "yamlio": 0, "hazard_table": 0, "efi": 0, "model": 0, "digest": 0, "remedy": 0,
+         "timefmt": 0, "": 0,
          "decide": 1, "observe": 1, "world": 2, "report": 3, "act": 4, "validate": 4, "service": 5, "cli": 6,
          "__main__": 7}
 
@@ -53,14 +56,49 @@ def _resolve(name: str, mods: dict) -> str | None:
     return ".".join(parts)
 
 
+_MODNAME = re.compile(r"^spark_memsaver(?:\.[A-Za-z_]\w*)+$")
+_BY_NAME = ("import_module", "__import__", "run_module", "find_spec")
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _by_name(nodes: list, pkg: list[str], mods: dict) -> list[str]:
+    """Modules of ours named by a string (issue 34 item 7): ``importlib.import_module("spark_memsaver.x")``,
+    ``__import__``, ``runpy.run_module``, ``python3 -m spark_memsaver.x`` argv, a relative ``import_module(".x",
+    package)``, and string module tables (``import_module(f"spark_memsaver.cli.{TABLE[name]}")``: every string of
+    the module that completes the f-string's constant prefix to a module of ours). Logger names are not imports."""
+    calls = [n for n in nodes if isinstance(n, ast.Call)]
+    logger_args = {id(a) for n in calls if _call_name(n) == "getLogger" for a in n.args}
+    strings = [n for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    out = [n.value for n in strings if _MODNAME.match(n.value) and id(n) not in logger_args
+           and ".".join(n.value.split(".")[1:]) in mods]
+    for n in nodes:
+        if isinstance(n, ast.Call) and _call_name(n) in _BY_NAME and n.args:
+            a = n.args[0]
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("."):
+                dots = len(a.value) - len(a.value.lstrip("."))
+                base = pkg[:len(pkg) - dots + 1] if dots > 1 else pkg
+                out.append(".".join(["spark_memsaver", *base, a.value.lstrip(".")]))
+        if isinstance(n, ast.JoinedStr) and n.values and isinstance(n.values[0], ast.Constant) \
+                and str(n.values[0].value).startswith("spark_memsaver."):
+            prefix = str(n.values[0].value)
+            out += [prefix + c.value for c in strings if ".".join((prefix + c.value).split(".")[1:]) in mods]
+    return out
+
+
 def imports(mods: dict | None = None) -> dict[str, set[str]]:
-    """module -> the modules of ours it imports (every import statement, wherever it stands)."""
+    """module -> the modules of ours it imports (every import statement, wherever it stands, and every module it
+    names to import or run by name)."""
     mods = mods or modules()
     graph: dict[str, set[str]] = {}
     for mod, path in mods.items():
         pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
+        for node in nodes:
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -79,13 +117,20 @@ def imports(mods: dict | None = None) -> dict[str, set[str]]:
                 r = _resolve(n, mods)
                 if r is not None and r != mod:
                     deps.add(r)
+        for n in _by_name(nodes, pkg, mods):
+            r = _resolve(n, mods)
+            if r is not None and r != mod:
+                deps.add(r)
         graph[mod] = deps
     return graph
 
 
 def layer(mod: str) -> tuple[str, int]:
+    """(top-level name, layer); a module whose top level is not in LAYER is an error, never layer 0."""
     top = mod.split(".")[0] if mod else ""
-    return top, LAYER.get(top, 0)
+    if top not in LAYER:
+        raise KeyError(f"{mod}: its top level {top!r} has no layer in LAYER (tests/test_layers.py)")
+    return top, LAYER[top]
 
 
 def against_the_flow(graph: dict[str, set[str]]) -> list[str]:
@@ -154,6 +199,53 @@ def test_the_checker_sees_imports_inside_functions_and_cycles():
     assert "cli.main" in graph and graph["__main__"]        # the real package was read
     lazy = [m for m, p in mods.items() if "    from spark_memsaver." in p.read_text()]
     assert lazy and all(graph[m] for m in lazy)               # function-level imports are counted
+
+
+def _graph_with(tmp_path, mod: str, extra: str) -> dict[str, set[str]]:
+    """The package's graph with ``extra`` appended to module ``mod``'s source (a copy; the package is untouched)."""
+    mods = modules()
+    p = tmp_path / (mod.replace(".", "_") + ".py")
+    p.write_text(mods[mod].read_text() + "\n" + extra)
+    return imports({**mods, mod: p})
+
+
+def test_the_checker_sees_imports_by_name(tmp_path):
+    """Issue 34 item 7: an import by name counted nowhere -- importlib.import_module, __import__, runpy, a relative
+    import_module, a string module table behind an f-string -- each is now an edge, so an upward one fails."""
+    cases = {
+        'def f():\n    import importlib\n    return importlib.import_module("spark_memsaver.cli.main")\n': "cli.main",
+        'def f():\n    return __import__("spark_memsaver.service.daemon")\n': "service.daemon",
+        'def f():\n    import runpy\n    runpy.run_module("spark_memsaver.act.executor", run_name="__main__")\n':
+            "act.executor",
+        'T = {"x": "lifecycle"}\ndef f(n):\n    import importlib\n    '
+        'return importlib.import_module(f"spark_memsaver.cli.{T[n]}")\n': "cli.lifecycle",
+        'def f():\n    import importlib\n    return importlib.import_module(".status", "spark_memsaver.report")\n':
+            "report",
+    }
+    for extra, target in cases.items():
+        g = _graph_with(tmp_path, "decide.ours", extra)
+        assert target in g["decide.ours"], (extra, g["decide.ours"])
+        assert f"decide.ours -> {target}" in against_the_flow(g), extra
+    g = _graph_with(tmp_path, "decide.ours", 'log = __import__("logging").getLogger("spark_memsaver.cli.main")\n')
+    assert "cli.main" not in g["decide.ours"]          # a logger's name is not an import
+
+
+def test_every_module_has_a_layer():
+    """A module missing from LAYER counted as layer 0 (below everything, so nothing it imported was 'upward')."""
+    tops = {m.split(".")[0] for m in modules()} | {""}
+    assert not tops - set(LAYER), f"modules without a layer: {sorted(tops - set(LAYER))}"
+    import pytest
+    with pytest.raises(KeyError):
+        layer("newfolder.x")
+
+
+def test_hacking_names_every_layer():
+    """HACKING.md's Layers rule names every folder of the map (world/ was missing)."""
+    text = (PKG.parent.parent / "HACKING.md").read_text()
+    rule = text[text.index("- **Layers**"):]
+    rule = rule[:rule.index("\n- ")]
+    folders = sorted(t for t in LAYER if t and (PKG / t).is_dir())
+    assert [f for f in folders if f"`{f}/`" not in rule] == []
 
 
 def test_no_import_cycle():

@@ -126,7 +126,7 @@ def start_daemon(bus: PrivateSystemBus, *args: str, log_path: Path | None = None
     if env:
         e.update(env)
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    return subprocess.Popen([*prefix, "/usr/bin/python3", "-m", "spark_memsaver.service.daemon", *args], env=e,
+    return subprocess.Popen([*prefix, "/usr/bin/python3", "-m", "spark_memsaver.service.runtime", *args], env=e,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -394,8 +394,3 @@ class Daemon:
             log.warning("stopping: waiting up to %d s for job %d '%s' to finish", STOP_WAIT_S, job.id, job.operation)
             GLib.timeout_add_seconds(STOP_WAIT_S, self.loop.quit)
         return True
-
-
-if __name__ == "__main__":      # `python3 -m spark_memsaver.service.daemon`: the entry point is runtime's
-    import runpy
-    runpy.run_module("spark_memsaver.service.runtime", run_name="__main__")

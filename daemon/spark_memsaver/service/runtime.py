@@ -72,7 +72,7 @@ def low_memory(argv: list[str]) -> None:
     if os.environ.get("MALLOC_ARENA_MAX") is None and os.environ.get("SPARK_MEMSAVERD_NO_REEXEC") is None:
         os.environ["MALLOC_ARENA_MAX"] = "1"
         try:
-            os.execv(sys.executable, [sys.executable, "-m", "spark_memsaver.service.daemon", *argv])
+            os.execv(sys.executable, [sys.executable, "-m", "spark_memsaver.service.runtime", *argv])
         except OSError:
             pass   # run on with the default arenas
     sys.modules.setdefault("_hashlib", None)
