@@ -276,3 +276,60 @@ def test_every_acting_step_has_exactly_one_handler():
     assert set(steps.HANDLERS) | set(steps.BY_EXECUTE) == set(step.ACTING)
     assert not set(steps.HANDLERS) & set(steps.BY_EXECUTE)
     assert not (set(steps.HANDLERS) | set(steps.BY_EXECUTE)) & set(step.INFO)
+
+
+# --- one table of operations (issue 34 item 3) ----------------------------------------------------------------
+
+PKG = Path(__file__).resolve().parent.parent / "daemon" / "spark_memsaver"
+
+
+def _second_lists() -> list[str]:
+    """Literals outside opnames.py that list operation names again: a tuple/list/set of three or more, or a
+    dict from three or more of them to their D-Bus methods (the executor, events, D-Bus and the CLI each had
+    one on main)."""
+    import ast
+    from spark_memsaver import opnames
+    names = set(opnames.EVENT_KINDS) | set(opnames.DBUS_JOBS)
+    methods = {o.dbus_method for o in opnames.OPERATIONS.values()}
+    found = []
+    for p in sorted(PKG.rglob("*.py")):
+        if p.name == "opnames.py" and p.parent == PKG:
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+                vals = [e.value for e in n.elts if isinstance(e, ast.Constant)]
+                if len(names & set(vals)) >= 3:
+                    found.append(f"{p.relative_to(PKG)}:{n.lineno}")
+            elif isinstance(n, ast.Dict):
+                pairs = [(k.value, v.value) for k, v in zip(n.keys, n.values)
+                         if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)]
+                if len([k for k, v in pairs if k in names and v in methods]) >= 3:
+                    found.append(f"{p.relative_to(PKG)}:{n.lineno}")
+    return found
+
+
+def test_the_executor_dispatches_through_the_one_table_of_operations():
+    from spark_memsaver import opnames
+    from spark_memsaver.host import events
+    from spark_memsaver.service import daemon, operations
+    assert tuple(executor.TABLE) == opnames.EXECUTOR == executor.OPS
+    assert events.KINDS == opnames.EVENT_KINDS and set(opnames.ENROLLMENT) <= set(events.KINDS)
+    assert operations.OPERATIONS == opnames.DBUS_JOBS and set(operations.MUTATIONS) <= set(opnames.EXECUTOR)
+    assert daemon.REMOVAL_OPS == ("remove", "rollback", "reconcile")
+    assert executor.SAFETY_OPS == ("remove", "rollback", "reconcile", "apt-pre-install")
+    assert [opnames.dbus_method(o) for o in operations.MUTATIONS] == \
+        ["Build", "Install", "Remove", "Activate", "Rollback", "Reconcile"]
+    assert not _second_lists(), "operation names listed again outside opnames.py: " + ", ".join(_second_lists())
+    src = (PKG / "act/executor.py").read_text()
+    assert len(re.findall(r"\bop (?:==|!=|in|not in) ", src)) <= 1       # the one check: an unknown op
+
+
+def test_the_docs_name_every_event_kind():
+    from spark_memsaver import opnames
+    root = PKG.parent.parent
+    api = next(line for line in (root / "docs/dbus-api.md").read_text().splitlines() if "GetEvents(" in line)
+    arch = next(line for line in (root / "docs/architecture.md").read_text().splitlines()
+                if line.startswith("| `events.jsonl`"))
+    for kind in opnames.EVENT_KINDS:
+        assert re.search(rf"[ (:]{re.escape(kind)}[,; )]", api), kind
+        assert re.search(rf"[ (:]{re.escape(kind)}[,; )]", arch), kind

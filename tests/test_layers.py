@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parent.parent / "daemon" / "spark_memsaver"
 # top-level module and folder is listed: one missing fails test_every_module_has_a_layer (it is not layer 0).
 LAYER = {"host": 0, "config": 0, "errors": 0, "exitcodes": 0, "config_keys": 0, "versions": 0, "vocabulary": 0,
          "record": 0, "logs": 0, "yamlio": 0, "hazard_table": 0, "efi": 0, "model": 0, "digest": 0, "remedy": 0,
-         "timefmt": 0, "": 0,
+         "timefmt": 0, "opnames": 0, "": 0,
          "decide": 1, "observe": 1, "world": 2, "report": 3, "act": 4, "validate": 4, "service": 5, "cli": 6,
          "__main__": 7}
 

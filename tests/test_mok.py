@@ -12,6 +12,7 @@ tested as it is. Nothing here writes real firmware variables.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -534,6 +535,39 @@ def test_request_enrollment_api_refuses_unknown(roots):
         enroll.request_enrollment(Host(roots["split-gap"][0]), None, "pw")
     with pytest.raises(dmok.MokAlreadyEnrolled):
         enroll.request_enrollment(Host(roots["enrolled-db"][0]), None, "pw")
+
+
+def test_enrollment_requests_and_cancellations_are_lifecycle_events(roots, tmp_path):
+    """Issue 34 item 3: host/events.py named 'enroll' and `events --help` promised enrollments, but nothing
+    recorded them. A refused request is one event (as the executor records a refused operation); bad usage and
+    the --root refusal are none (nothing attempted, an inspected image is not written); the password never is."""
+    import shutil
+    from spark_memsaver.host import events
+    root = tmp_path / "enrolled"
+    shutil.copytree(roots["enrolled-db"][0], root, symlinks=True)
+    (root / "var/lib/spark-memsaver/events.jsonl").unlink(missing_ok=True)   # the shared root's earlier tests
+    with pytest.raises(dmok.MokAlreadyEnrolled):
+        enroll.request_enrollment(Host(root), None, "secret-pw-1")
+    (ev,) = events.read(Host(root))
+    assert ev["op"] == "enroll" and ev["ok"] is False and ev["error"]["code"] == "mok-already-enrolled"
+    assert "secret-pw-1" not in (root / "var/lib/spark-memsaver/events.jsonl").read_text()
+    other = tmp_path / "not-enrolled"
+    shutil.copytree(roots["not-enrolled"][0], other, symlinks=True)
+    (other / "var/lib/spark-memsaver/events.jsonl").unlink(missing_ok=True)
+    for call in (lambda: enroll.request_enrollment(Host(other), None, "pw"),        # --root: unsupported
+                 lambda: enroll.request_enrollment(Host(other), None, ""),          # bad password
+                 lambda: enroll.cancel_enrollment(Host(other))):                    # nothing pending: a no-op
+        with contextlib.suppress(Exception):
+            call()
+    assert events.read(Host(other)) == []
+    # A cancellation that ran: mokutil --revoke-import on a live EFI machine cannot run here; the recorder gets
+    # what cancel_enrollment returns there.
+    done = enroll._recorded("enroll-cancel")(lambda host, **kw: {"cancelled": True, "state_before": "pending-enroll",
+                                                                  "state": "not-enrolled"})
+    done(Host(other))
+    (ev,) = events.read(Host(other))
+    assert ev["op"] == "enroll-cancel" and ev["ok"] and ev["state_before"] == "pending-enroll"
+    assert ev["state_now"] == "not-enrolled"
 
 
 def test_require_installable_without_observation():

@@ -18,8 +18,7 @@ import re
 PROG = "spark-memsaver"
 UNIT = "spark-memsaverd.service"
 # spark-memsaver commands that change the system (or run GPU work as root: validate)
-ROOT_COMMANDS = ("install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel",
-                 "validate", "reclaim")
+from spark_memsaver.opnames import ROOT_COMMANDS  # noqa: E402  (the one table of operations)
 # system programs a remedy names; those that change the system need root (the value)
 PROGRAMS = {"apt-get": None, "apt": None, "systemctl": None, "mount": True, "mokutil": None, "dkms": None,
             "update-secureboot-policy": True, "modprobe": True, "depmod": True, "update-initramfs": True, "journalctl": False,

@@ -14,7 +14,8 @@ import tempfile
 
 from spark_memsaver.decide.mok import (PASSWORD_MAX, PASSWORD_MIN, MokAlreadyEnrolled, MokAlreadyPending, MokBadPassword, MokKeyBlocked,
                                        MokNoKey, MokNotNeeded, MokPendingDelete, MokutilFailed)
-from spark_memsaver.errors import NotPermitted, SecureBootUnknown, Unsupported
+from spark_memsaver.errors import MemsaverError, NotPermitted, SecureBootUnknown, Unsupported
+from spark_memsaver.opnames import ENROLL, ENROLL_CANCEL
 from spark_memsaver import efi as ev
 from spark_memsaver.observe.mok import BOOT_ID, REQUEST_RECORD, locate_certificate
 from spark_memsaver.world import secure_boot
@@ -189,6 +190,38 @@ def check_console_timeout(wait_at_console: bool, console_timeout: int | None) ->
         raise MokBadTimeout(f"--console-timeout {console_timeout} is outside 1..{CONSOLE_TIMEOUT_MAX} seconds")
 
 
+def _recorded(kind: str):
+    """Each finished request or cancellation is one lifecycle event (host/events.py, kind ``opnames.ENROLL`` or
+    ``ENROLL_CANCEL``): done, or refused by the Secure Boot state, or mokutil failed -- as the executor records
+    its operations. Not recorded: bad usage (an option, a password: nothing was attempted), no root, the refusal of --root
+    (an inspected image is not written), a cancellation with nothing pending. The password is never in it."""
+    def deco(fn):
+        import functools
+
+        @functools.wraps(fn)
+        def run(host, *args, **kw):
+            from spark_memsaver.decide.mok import MokBadTimeout
+            from spark_memsaver.errors import UsageError
+            from spark_memsaver.host import events
+            try:
+                doc = fn(host, *args, **kw)
+            except (UsageError, Unsupported, NotPermitted, MokBadPassword, MokBadTimeout):
+                raise
+            except MemsaverError as e:
+                events.record(host, kind, {"cert": kw.get("cert")}, error=e)
+                raise
+            if doc.get("requested") or doc.get("cancelled"):
+                c = doc.get("certificate") or {}
+                events.record(host, kind, {"cert": c.get("path") or kw.get("cert")},
+                              result={"ok": True, "state_before": doc.get("state_before"),
+                                      "state_now": doc.get("state_now") or doc.get("state"),
+                                      "sha256": c.get("sha256")})
+            return doc
+        return run
+    return deco
+
+
+@_recorded(ENROLL)
 def request_enrollment(host, config, password: str, cert: str | None = None,
                        wait_at_console: bool = False, console_timeout: int | None = None) -> dict:
     """Queue the signing certificate for enrollment at the next boot (MokNew + MokAuth).
@@ -242,6 +275,7 @@ def request_enrollment(host, config, password: str, cert: str | None = None,
     }
 
 
+@_recorded(ENROLL_CANCEL)
 def cancel_enrollment(host, config=None, cert: str | None = None) -> dict:
     """``mokutil --revoke-import``: drop the pending request (all keys in MokNew, and MokAuth)."""
     before = secure_boot(host, cert=cert, config=config)

@@ -2,7 +2,7 @@
 
     perform(op, host, config, *, progress=None, **args) -> dict
 
-op            args                                               callers
+op            args                                               callers (opnames.py: the one list; TABLE below)
 "build"       kernel, driver_version (or driver), force           D-Bus Build, root `spark-memsaver build`
 "install"     kernel, all_kernels                                 D-Bus Install, root `install`
 "remove"      kernel, all_kernels                                 D-Bus Remove, root `remove`
@@ -37,9 +37,9 @@ from spark_memsaver.host import Host, holds, locks
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver import world
 
-OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install")
+from spark_memsaver.opnames import EXECUTOR as OPS  # noqa: E402  (the one list of operation names)
 # toward stock: these run on the built-in defaults when the config file cannot be used (config.load_for_safety)
-SAFETY_OPS = ("remove", "rollback", "reconcile", "apt-pre-install")
+from spark_memsaver.opnames import SAFETY as SAFETY_OPS  # noqa: E402
 LOCK_WAIT = 1800.0      # a build of nvidia-uvm takes minutes on 2 cores: wait for it, but never forever
 
 
@@ -224,14 +224,88 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
         if not args.get("dry_run"):      # a refused plan changed nothing either
             events.record(host, op, args, error=e)
         raise
-    if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or "packages" in doc or op not in (
-            "reconcile", "apt-pre-install")):          # the APT door: whenever NVIDIA packages change
+    if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or "packages" in doc
+                                                                or TABLE[op].always_an_event):
+        # reconcile and the APT door: an event when a step acted or NVIDIA packages changed
         events.record(host, op, args, result=doc)
     return doc
 
 
+def _early_reconcile(host, config, progress, problems, args: dict):
+    """reconcile: rebuilds wait for dpkg's trigger while dpkg runs; a dry run plans without the lock."""
+    if not args.get("inside_dpkg") and not args.get("dry_run") and host.is_live and args.get("rebuild") is not False:
+        pid = locks.dpkg_running(host)
+        if pid:
+            args["rebuild"] = False
+            args["_deferred"] = f"dpkg (pid {pid}) is running: rebuilds wait for its trigger"
+            st.say(progress, args["_deferred"])
+    return _reconcile(host, config, progress, problems, **args) if args.get("dry_run") else None
+
+
+def _early_activate(host, config, progress, problems, args: dict):
+    """activate: the running kernel must have its modules; a dry run or an inspected root plans, unlocked."""
+    from spark_memsaver.act import activate as act_activate
+    running = observe.observe_host(host)["kernel"]
+    if running:
+        installable.check_kernel(host, running)   # the running kernel's modules gone
+    if args.get("dry_run") or not host.is_live:
+        return act_activate.activate(host, config, progress, **args)
+    return None
+
+
+def _early_apt(host, config, progress, problems, args: dict):
+    """the APT door: nothing to do (and no lock taken) unless an NVIDIA driver package changes."""
+    args["_changes"] = rc.driver_changes(rc.parse_apt_hook(args.get("text", "")))
+    return None if args["_changes"] else {"ok": True, "changes": [], "steps": []}
+
+
+def _act_rollback(host, config, progress, problems, args: dict, seen: dict, recovered: list):
+    from spark_memsaver.act import rollback as act_rollback
+    _hold(host, "rollback", args.get("kernel"), args.get("reason") or "requested", problems, progress)
+    return act_rollback.rollback(host, config, progress=progress, problems=problems, **args)
+
+
+def _act_activate(host, config, progress, problems, args: dict, seen: dict, recovered: list):
+    from spark_memsaver.act import activate as act_activate
+    return act_activate.activate(host, config, progress, **args)
+
+
+def _act_apt(host, config, progress, problems, args: dict, seen: dict, recovered: list):
+    # recovery planned from a snapshot; it is still the host's state unless recovery acted
+    return _apt_pre_install(host, config, args.pop("_changes"), progress, problems,
+                            snap=None if recovered else seen.get("snap"))
+
+
+def _plain(fn):
+    return lambda host, config, progress, problems, args, seen, recovered: fn(host, config, progress, problems,
+                                                                               **args)
+
+
+class _Op:
+    """One row of the executor's table: what runs before the lock (may answer alone), what runs under it,
+    whether a dry run is act/dryrun.py's plan, whether an earlier operation's leftovers are recovered first,
+    whether each finished run is an event (else only one that acted)."""
+    __slots__ = ("early", "act", "dryrun_plan", "recover", "always_an_event")
+
+    def __init__(self, act, early=None, dryrun_plan=False, recover=True, always_an_event=True):
+        self.act, self.early, self.dryrun_plan, self.recover = act, early, dryrun_plan, recover
+        self.always_an_event = always_an_event
+
+
+# The ONE table of operations: its keys are opnames.EXECUTOR, in order (tests/test_executor.py).
+TABLE = {
+    "build": _Op(_plain(_build), dryrun_plan=True),
+    "install": _Op(_plain(_install), dryrun_plan=True),
+    "remove": _Op(_plain(_remove), dryrun_plan=True),
+    "activate": _Op(_act_activate, early=_early_activate),
+    "rollback": _Op(_act_rollback, dryrun_plan=True),
+    "reconcile": _Op(_plain(_reconcile), early=_early_reconcile, recover=False, always_an_event=False),
+    "apt-pre-install": _Op(_act_apt, early=_early_apt, always_an_event=False),
+}
+
+
 def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
-    from spark_memsaver.act import activate as act_activate, rollback as act_rollback
+    row = TABLE[op]
     problems: list = []
     for k in ([args["kernel"]] if args.get("kernel") else []) + list(args.get("kernels") or []):
         installable.check_kernel(host, k)        # every op that names a kernel: unknown-kernel, exit 2
@@ -240,49 +314,19 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         one, every = rm.sm(f"{op} --kernel {args['kernel']}"), rm.sm(f"{op} --all")
         raise UsageError("--kernel and --all exclude each other",
                          remedy=f"Give one: '{one}' for that kernel, or '{every}' for every kernel.")
-    if args.get("dry_run") and op in ("build", "install", "remove", "rollback"):
+    if args.get("dry_run") and row.dryrun_plan:
         from spark_memsaver.act import dryrun     # the same targets and refusals as the run, nothing written
         return dryrun.plan(op, host, config, **args)
-    if op == "activate" and observe.observe_host(host)["kernel"]:
-        installable.check_kernel(host, observe.observe_host(host)["kernel"])   # the running kernel's modules gone
-    if op == "reconcile":
-        args = dict(args)
-        if not args.get("inside_dpkg") and not args.get("dry_run") and host.is_live and args.get("rebuild") \
-                is not False:
-            pid = locks.dpkg_running(host)
-            if pid:
-                args["rebuild"] = False
-                args["_deferred"] = f"dpkg (pid {pid}) is running: rebuilds wait for its trigger"
-                st.say(progress, args["_deferred"])
-        if args.get("dry_run"):
-            return _reconcile(host, config, progress, problems, **args)
-    if op == "activate" and (args.get("dry_run") or not host.is_live):
-        return act_activate.activate(host, config, progress, **args)
-    if op == "apt-pre-install":
-        changes = rc.driver_changes(rc.parse_apt_hook(args.get("text", "")))
-        if not changes:
-            return {"ok": True, "changes": [], "steps": []}
+    args = dict(args)
+    if row.early is not None:
+        doc = row.early(host, config, progress, problems, args)
+        if doc is not None:
+            return doc
     require_root(host, op)     # before the lock (/run/spark-memsaver is root's)
     with locked(host, wait=lock_wait, progress=progress, purpose=op):
         seen: dict = {}
-        recovered = [] if op in ("reconcile",) else recover(host, config, progress, problems, seen)
-        if op == "build":
-            doc = _build(host, config, progress, problems, **args)
-        elif op == "install":
-            doc = _install(host, config, progress, problems, **args)
-        elif op == "remove":
-            doc = _remove(host, config, progress, problems, **args)
-        elif op == "reconcile":
-            doc = _reconcile(host, config, progress, problems, **args)
-        elif op == "rollback":
-            _hold(host, "rollback", args.get("kernel"), args.get("reason") or "requested", problems, progress)
-            doc = act_rollback.rollback(host, config, progress=progress, problems=problems, **args)
-        elif op == "activate":
-            doc = act_activate.activate(host, config, progress, **args)
-        else:
-            # recovery planned from a snapshot; it is still the host's state unless recovery acted
-            doc = _apt_pre_install(host, config, changes, progress, problems,
-                                   snap=None if recovered else seen.get("snap"))
+        recovered = recover(host, config, progress, problems, seen) if row.recover else []
+        doc = row.act(host, config, progress, problems, args, seen, recovered)
     if recovered:
         doc["recovered"] = recovered
     if problems:

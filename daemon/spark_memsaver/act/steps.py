@@ -176,7 +176,7 @@ def installed(host, config, k: str, info: dict, problems: list, progress=None) -
             say(progress, f"{k}: the patched module is back; rollback record cleared")
     except OSError as e:
         rio.record_problem(problems, f"the removal of the rollback record of {k}", e)
-    for op in ("build", "install", "remove", "rollback", "register"):
+    for op in (o for o in intents.OPS if o != "activate"):
         # an older interruption for this kernel whose undo failed is moot now: state is verified good
         rio.clear_intent(host, intents.intent_id(op, k), problems)
     return {"ok": True, "selected": info.get("path"), "version": info.get("version"),

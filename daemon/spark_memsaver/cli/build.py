@@ -57,8 +57,8 @@ def act(obj, op: str, progress, **kw) -> dict:
     if obj.host.is_live and os.geteuid() != 0:
         if not local_only:
             from spark_memsaver.cli import client
-            method = {"build": "Build", "install": "Install", "remove": "Remove", "rollback": "Rollback",
-                      "activate": "Activate", "reconcile": "Reconcile"}[op]
+            from spark_memsaver.opnames import dbus_method
+            method = dbus_method(op)              # the one table of operations
             doc = client.act_unprivileged(obj.host, method, progress=progress,
                                           **{k: v for k, v in kw.items() if v not in (None, False)})
             if doc is not None:

@@ -16,8 +16,9 @@ def register(cli) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
     @click.pass_obj
     def events(obj, since, as_json: bool):
-        """Show lifecycle events: builds, installs, removals, rollbacks, enrollments, reconciles, and the steps,
-        hook runs and rollback records inside them.
+        """Show lifecycle events: builds, installs, removals, activations, rollbacks, reconciles, the APT door's
+        runs, key enrollment requests and their cancellations, and the steps, hook runs and rollback records
+        inside them.
 
         Read from /var/lib/spark-memsaver/events.jsonl (append-only, bounded; an older install's history.jsonl
         is read with it until it is folded in); no daemon needed.

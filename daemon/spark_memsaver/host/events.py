@@ -30,6 +30,7 @@ import time
 
 from spark_memsaver.errors import MemsaverError
 from spark_memsaver.host import paths
+from spark_memsaver.opnames import EVENT_KINDS
 from spark_memsaver.host.fsutil import atomic_write, loads_strict
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,12 @@ log = logging.getLogger(__name__)
 EVENTS = paths.EVENTS
 LEGACY = paths.LEGACY_HISTORY   # an older install's second log, read and folded in (above)
 MAX_BYTES = 1 << 20          # ~5000 events; the newest half is kept when it is passed
-KINDS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install", "enroll",
-         "enroll-delete")
+KINDS = EVENT_KINDS         # opnames.py: the executor's operations and the enrollment's (enroll, enroll-cancel)
 # what :func:`note` records: a plan step that acted (``action``), a dpkg/kernel/APT hook's run (``source``), a
 # rollback record written (its fields) or cleared
 NOTES = ("step", "hook", "rolled-back", "rollback-cleared")
 LISTS = ("packages", "sources_seen", "removed", "kept")    # the APT door's lists of names
-_ARGS = ("kernel", "driver_version", "driver", "all_kernels", "force", "reason", "code")
+_ARGS = ("kernel", "driver_version", "driver", "all_kernels", "force", "reason", "code", "cert")
 LOCK_WAIT = 5.0              # seconds a writer waits for a rotation; then it appends without the lock
 REOPENS = 20                 # a log replaced under the writer more often than this is not a rotation
 OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -93,7 +93,7 @@ def event_of(op: str, args: dict | None = None, result: dict | None = None, erro
     for k in ("changes", "recovered"):
         if result.get(k):
             ev[k] = _short(result[k])
-    for k in ("kernel", "driver_version", "srcversion", "path"):
+    for k in ("kernel", "driver_version", "srcversion", "path", "sha256", "state_before", "state_now"):
         if isinstance(result.get(k), (str, int)) and k not in ev:
             ev[k] = result[k]
     for k in LISTS:

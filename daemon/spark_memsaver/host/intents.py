@@ -33,7 +33,7 @@ STATE_DIR = paths.STATE_DIR   # host/paths.py is the one list
 INTENTS = paths.INTENTS   # host/paths.py is the one list
 ROLLBACKS = paths.ROLLBACKS   # host/paths.py is the one list
 SCHEMA = 1
-OPS = ("register", "build", "install", "remove", "rollback", "activate")
+from spark_memsaver.opnames import INTENT_KINDS as OPS  # noqa: E402  (the one list)
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 

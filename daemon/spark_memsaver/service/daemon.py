@@ -28,7 +28,7 @@ log = logging.getLogger("spark_memsaver.service.daemon")
 
 STOP_WAIT_S = 60   # on SIGTERM, how long a running job may take to finish before we exit anyway
 # toward stock: run on the last good config when the file is bad (a reconcile then plans safety steps only)
-REMOVAL_OPS = ("remove", "rollback", "reconcile")
+from spark_memsaver.opnames import DAEMON_SAFETY as REMOVAL_OPS  # noqa: E402  (the one table of operations)
 FETCH_POLL_S = 2   # while a deferred driver-source fetch waits for apt/dpkg to exit: how often to look
 
 

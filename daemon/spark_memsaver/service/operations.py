@@ -14,8 +14,9 @@ import tempfile
 
 from spark_memsaver.errors import Unsupported
 
-MUTATIONS = ("build", "install", "remove", "activate", "rollback", "reconcile")
-OPERATIONS = MUTATIONS + ("request-enrollment", "prepare-launch")
+from spark_memsaver.opnames import DBUS_JOBS as OPERATIONS, EXECUTOR, PREPARE_LAUNCH, REQUEST_ENROLLMENT  # noqa: E402
+
+MUTATIONS = tuple(op for op in OPERATIONS if op in EXECUTOR)    # executor operations with a D-Bus door
 
 
 def _missing(op: str, e: ImportError) -> Unsupported:
@@ -33,9 +34,9 @@ def run(op: str, host, config, progress, **kwargs):
                 raise
             raise _missing(op, e) from None
         return executor.perform(op, host, config, progress=progress, **kwargs)
-    if op == "request-enrollment":
+    if op == REQUEST_ENROLLMENT:
         return request_enrollment(host, config, progress, **kwargs)
-    if op == "prepare-launch":          # not a module mutation: act/reclaim.py, its own lock
+    if op == PREPARE_LAUNCH:            # not a module mutation: act/reclaim.py, its own lock
         from spark_memsaver.act import reclaim
         return reclaim.reclaim(host, kwargs["need_bytes"], progress=progress)
     raise Unsupported(f"unknown operation {op!r} (one of: {', '.join(OPERATIONS)})")
