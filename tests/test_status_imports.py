@@ -39,6 +39,8 @@ OURS = {
     "spark_memsaver.remedy", "spark_memsaver.report", "spark_memsaver.report.document", "spark_memsaver.versions",
     "spark_memsaver.vocabulary", "spark_memsaver.world", "spark_memsaver.world.manifest",
     "spark_memsaver.world.support", "spark_memsaver.yamlio",
+    "spark_memsaver.opnames",       # the one table of operations: remedy.py's root commands (issue 34)
+    "spark_memsaver.world.tree",    # the one source tree: qualification hashes the tree the build compiles
 }
 # everything else, by top-level name (what a bare interpreter already has is not counted). Not here, on purpose:
 # click (the lean entry), logging, subprocess, signal (nothing is logged or run on a warm root), yaml (the

@@ -13,13 +13,15 @@ stock. A leaf (layer 0) so every layer reads the same list without importing act
 
 from __future__ import annotations
 
-from typing import NamedTuple
 
+class Operation:
+    """One operation: ``dbus_method`` (the D-Bus method that starts it as a job; None: no D-Bus door),
+    ``toward_stock`` (moves toward the stock module: may run on the last good config), ``doors`` (who starts it).
+    A plain class: this module is on the status path, which imports no typing."""
+    __slots__ = ("dbus_method", "toward_stock", "doors")
 
-class Operation(NamedTuple):
-    dbus_method: str | None     # the D-Bus method that starts it as a job (None: no D-Bus door)
-    toward_stock: bool          # moves toward the stock module (may run on the last good config)
-    doors: str                  # who starts it (the executor's docstring table)
+    def __init__(self, dbus_method: str | None, toward_stock: bool, doors: str):
+        self.dbus_method, self.toward_stock, self.doors = dbus_method, toward_stock, doors
 
 
 OPERATIONS: dict[str, Operation] = {

@@ -10,6 +10,7 @@ CACHE_DIR = "/var/cache/spark-memsaver"
 SOURCES_CACHE = f"{CACHE_DIR}/sources"    # fetched NVIDIA open kernel-module trees (act/source_fetch.py)
 SOURCES_PENDING = f"{CACHE_DIR}/sources-pending.json"   # a fetch deferred past apt/dpkg (the daemon runs it)
 CONFIG_FILE = "/etc/spark-memsaver/config.yaml"
+SRC_ROOT = "/usr/src"                     # where driver packages put their source trees (and DKMS its own)
 LOG_DIR = f"{STATE_DIR}/logs"
 INTENTS = f"{STATE_DIR}/intents"
 ROLLBACKS = f"{STATE_DIR}/rollbacks"

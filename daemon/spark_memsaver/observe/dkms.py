@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from spark_memsaver import __version__
-from spark_memsaver.host import Host
+from spark_memsaver.host import Host, paths
 
 
 PACKAGE = "spark-memsaver-uvm"
@@ -21,7 +21,7 @@ MODULE = "nvidia-uvm"
 DKMS_TREE = "/var/lib/dkms"
 
 
-SRC_ROOT = "/usr/src"
+SRC_ROOT = paths.SRC_ROOT          # host/paths.py is the one list
 
 
 FORCE_FILE = f"/usr/share/dkms/modules_to_force_install/{PACKAGE}"

@@ -20,7 +20,7 @@ from spark_memsaver.errors import EXIT_USAGE, MemsaverError
 from spark_memsaver.host import paths
 from spark_memsaver.world.manifest import _VERSION_RE
 
-from spark_memsaver.observe.dkms import SRC_ROOT  # noqa: E402  (where driver packages put trees)
+SRC_ROOT = paths.SRC_ROOT
 POOL_DEST = "nvidia-uvm"
 _REQUIRED = ("Kbuild", "Makefile", "conftest.sh", "common/inc", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
              "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild")
