@@ -16,12 +16,13 @@ from __future__ import annotations
 
 class Operation:
     """One operation: ``dbus_method`` (the D-Bus method that starts it as a job; None: no D-Bus door),
-    ``toward_stock`` (moves toward the stock module: may run on the last good config), ``doors`` (who starts it).
-    A plain class: this module is on the status path, which imports no typing."""
-    __slots__ = ("dbus_method", "toward_stock", "doors")
+    ``toward_stock`` (moves toward the stock module), ``safety`` (runs on the built-in defaults -- the daemon: on
+    the last good config -- when the config file cannot be used: config.load_for_safety), ``doors`` (who starts
+    it). A plain class: this module is on the status path, which imports no typing."""
+    __slots__ = ("dbus_method", "toward_stock", "safety", "doors")
 
-    def __init__(self, dbus_method: str | None, toward_stock: bool, doors: str):
-        self.dbus_method, self.toward_stock, self.doors = dbus_method, toward_stock, doors
+    def __init__(self, dbus_method: str | None, toward_stock: bool, safety: bool, doors: str):
+        self.dbus_method, self.toward_stock, self.safety, self.doors = dbus_method, toward_stock, safety, doors
 
 
 OPERATIONS: dict[str, Operation] = {
