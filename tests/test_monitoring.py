@@ -42,7 +42,7 @@ SB_STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled
              "unknown")
 SEVERITIES = ("info", "warning", "error")
 OPS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install", "enroll",
-       "enroll-delete")                # host/events.py KINDS: the operations of the lifecycle event log
+       "enroll-cancel")                # host/events.py KINDS: the operations of the lifecycle event log
 
 #: name -> (type, label names). The contract with the Python side (monitoring/README.md lists the same).
 METRICS = {

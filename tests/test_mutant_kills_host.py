@@ -95,7 +95,7 @@ def test_loads_strict_keeps_fractions_and_refuses_what_json_has_not(tmp_path):
 # --- host/events.py ------------------------------------------------------------------------------------------
 
 OP_KINDS = ("build", "install", "remove", "activate", "rollback", "reconcile", "apt-pre-install", "enroll",
-            "enroll-delete")
+            "enroll-cancel")
 
 
 def test_every_operation_and_note_kind_is_recorded_and_nothing_else(tmp_path):

@@ -93,7 +93,7 @@ def test_completion_offers_lazy_commands():
                         "from spark_memsaver.cli.main import main; main()"], capture_output=True, text=True,
                        env=_env(_SPARK_MEMSAVER_COMPLETE="bash_complete", COMP_WORDS="spark-memsaver re",
                                 COMP_CWORD="1"), timeout=60)
-    assert r.stdout.split() == ["plain,reconcile", "plain,remove"], r.stdout
+    assert r.stdout.split() == ["plain,reclaim", "plain,reconcile", "plain,remove"], r.stdout
 
 
 # --- YAML: libyaml's C parser, the pure-Python one as the fallback; comments-only texts without yaml -------
