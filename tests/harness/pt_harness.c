@@ -549,8 +549,9 @@ static void check_counters(void)
 	CHECK(v[2] == (long long)PAGE_SIZE, "counters", "page_size %lld", v[2]);
 	CHECK(v[3] == tp, "counters", "trees_packed %lld, want %lld", v[3], tp);
 	CHECK(v[4] == tu, "counters", "trees_unpacked %lld, want %lld", v[4], tu);
-	CHECK(!strcmp(reason, last_reason_truth), "counters", "unpacked_reason %s, want %s", reason,
-	      last_reason_truth);
+	/* uvm_pt_pack=0: "disabled" whatever the trees said before */
+	CHECK(!strcmp(reason, req == UVM_PT_PACK_TIER_OFF ? "disabled" : last_reason_truth), "counters",
+	      "unpacked_reason %s, want %s", reason, req == UVM_PT_PACK_TIER_OFF ? "disabled" : last_reason_truth);
 	for (c = 0; c < 2; c++) {
 		long long *cv = &v[6 + 5 * c];
 		long long backing = pages[c] * (long long)PAGE_SIZE, stock = tables[c] * (long long)PAGE_SIZE;
@@ -939,6 +940,18 @@ static void unit_params(void)
 	shim_param_set("uvm_pt_pack", "0");
 	read_stats(v, tier, reason);
 	CHECK(!strcmp(tier, "off"), "counters", "tier %s", tier);
+	/* packing off by configuration: the reason says so, before and after a tree (never "none") */
+	CHECK(!strcmp(reason, "disabled"), "counters", "unpacked_reason %s after uvm_pt_pack=0, want disabled", reason);
+	{
+		struct uvm_pt_pack_facts f = good_facts(uvm_pt_pack_requested_tier());
+		struct uvm_pt_pack_pool off;
+
+		CHECK(uvm_pt_pack_tree_init(&off, &f, &ops, NULL) == UVM_PT_PACK_R_DISABLED, "predicate", "tier 0 tree");
+		read_stats(v, tier, reason);
+		CHECK(!strcmp(reason, "disabled") && v[3] == 0 && v[4] == 0, "counters",
+		      "after a tier-0 tree: unpacked_reason %s, trees %lld/%lld", reason, v[3], v[4]);
+		uvm_pt_pack_tree_deinit(&off, true);
+	}
 	CHECK(shim_param_set("uvm_pt_pack", "3") == 0, "params", "tier 3 refused");
 	CHECK(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_LEAF, "params", "tier 3");
 	read_stats(v, tier, reason);

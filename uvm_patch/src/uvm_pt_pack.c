@@ -53,6 +53,11 @@
  *   3: a reused slot is not zeroed
  *   4: a backing page that becomes empty is kept instead of released
  *   5: the leaf tier also packs 4096 B tables and kernel trees (scope leak)
+ * and two on the out-of-memory paths, for the kernel VM tests only
+ * (tests/test_kernel_oom.py; the userspace harness does not build them):
+ *   6: a backing page whose descriptor cannot be allocated is dropped, neither
+ *      handed out whole nor put (a leaked page, and its mapping)
+ *   7: a failed get() is reported as success (no page, address 0)
  */
 #ifndef UVM_PT_PACK_FAULT_INJECT
 #define UVM_PT_PACK_FAULT_INJECT 0
@@ -450,6 +455,12 @@ int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 siz
 	 * by later allocations, so alloc never needs put() (which wants tree->lock).
 	 */
 	err = pool->ops->get(pool->ctx, &page, &gpu_addr);
+	if (PT_PACK_FI(7) && (err || !page)) {
+		*page_out = NULL;
+		*gpu_addr_out = 0;
+		*tag_out = 0;
+		return 0;
+	}
 	if (err || !page)
 		return err < 0 ? err : -ENOMEM;
 
@@ -467,6 +478,8 @@ int uvm_pt_pack_alloc(struct uvm_pt_pack_pool *pool, unsigned int depth, u64 siz
 		     page_to_pfn(page));
 		return -EIO;
 	}
+	if (err && PT_PACK_FI(6))
+		return -ENOMEM;
 	if (err) {
 		/*
 		 * No memory to record the page: the table gets the whole page, exactly
@@ -721,8 +734,10 @@ static int pt_pack_stats_get(char *buf, const struct kernel_param *kp)
 	n = pt_pack_kv(buf, n, NULL, "page_size", PAGE_SIZE);
 	n = pt_pack_kv(buf, n, NULL, "trees_packed", pt_pack_read(&pt_pack_trees_packed));
 	n = pt_pack_kv(buf, n, NULL, "trees_unpacked", pt_pack_read(&pt_pack_trees_unpacked));
+	/* uvm_pt_pack=0 (read at load time): every tree is off by configuration */
 	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "unpacked_reason %s\n",
-		       uvm_pt_pack_reason_str(atomic_read(&pt_pack_last_reason)));
+		       uvm_pt_pack_reason_str(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_OFF ?
+					      UVM_PT_PACK_R_DISABLED : atomic_read(&pt_pack_last_reason)));
 
 	for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++) {
 		const char *c = cls_names[cls];
