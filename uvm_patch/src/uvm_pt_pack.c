@@ -725,6 +725,7 @@ static int pt_pack_stats_get(char *buf, const struct kernel_param *kp)
 {
 	static const char *const cls_names[UVM_PT_PACK_NR_CLASSES] = { "c256", "c4096" };
 	long long sum_backing = 0, sum_stock = 0, leaked_pages;
+	enum uvm_pt_pack_reason reason;
 	unsigned int cls;
 	int n = 0;
 
@@ -735,9 +736,10 @@ static int pt_pack_stats_get(char *buf, const struct kernel_param *kp)
 	n = pt_pack_kv(buf, n, NULL, "trees_packed", pt_pack_read(&pt_pack_trees_packed));
 	n = pt_pack_kv(buf, n, NULL, "trees_unpacked", pt_pack_read(&pt_pack_trees_unpacked));
 	/* uvm_pt_pack=0 (read at load time): every tree is off by configuration */
+	reason = uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_OFF ?
+		 UVM_PT_PACK_R_DISABLED : atomic_read(&pt_pack_last_reason);
 	n += scnprintf(buf + n, PT_PACK_STATS_BUF - n, "unpacked_reason %s\n",
-		       uvm_pt_pack_reason_str(uvm_pt_pack_requested_tier() == UVM_PT_PACK_TIER_OFF ?
-					      UVM_PT_PACK_R_DISABLED : atomic_read(&pt_pack_last_reason)));
+		       uvm_pt_pack_reason_str(reason));
 
 	for (cls = 0; cls < UVM_PT_PACK_NR_CLASSES; cls++) {
 		const char *c = cls_names[cls];
