@@ -67,8 +67,11 @@ def pytest_sessionstart(session):
 def pytest_collection_modifyitems(config, items):
     """Every light test runs before the first heavy one (builds, containers, VMs): the quick checks of the
     whole product never wait behind a build, and CI's budget for starting heavy tests limits only those.
-    The sort is stable: files and tests keep their order within each group."""
-    items.sort(key=lambda item: bool(needs.is_heavy(item)))
+    Heavy tests marked ``heavy_first`` (the 64 KiB debug kernel's build and CI's cases at 64 KiB) start before
+    the other heavy ones, so that budget never starves them. The sort is stable: files and tests keep their
+    order within each group."""
+    items.sort(key=lambda item: (bool(needs.is_heavy(item)),
+                                 item.get_closest_marker("heavy_first") is None))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -20,11 +20,14 @@ Cases (kernel x branch):
   64k"``: pytest's -k matches substrings, and "4k-r580" is part of "64k-r580").
 NVIDIA's trees do not compile against Debian's 7.2/7.3 (linux/of_gpio.h is gone), hence 6.12.
 
-All VM tests are `slow`. CI runs 4k-r580 (the whole suite; kernel tree ~4 min, NVIDIA build 6-15 min, VM 1-3
-min). The others run where their kernel and module builds are cached, or with SPARK_MEMSAVER_BUILD_KERNEL=1 /
-SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 (which build them: the 64 KiB debug kernel 10-50 min, each NVIDIA build 5-15
-min on 2 cores); otherwise they skip with that reason, also in CI. CI never builds the 64 KiB debug kernel: the
-64k cases skip there before anything is fetched for them. End to end at 64 KiB (figures printed without -s):
+All VM tests are `slow`. CI runs 64k-r580 (SPARK_MEMSAVER_TEST_KERNEL_64K=1, set by .ci/run: the 64 KiB debug
+kernel is built by tests/test_kernel_build.py, ~5 min of CI's 2 quiet cores, then NVIDIA 580.142 for it; these
+cases are ``heavy_first``, so CI's budget for starting heavy tests never starves them) and 4k-r580 (the whole
+suite at 4 KiB; it may give way to the budget). The others run where their kernel and module builds are cached,
+or with SPARK_MEMSAVER_BUILD_KERNEL=1 / SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 (which build them: the 64 KiB debug
+kernel 5-45 min, each NVIDIA build 5-15 min on 2 cores); otherwise they skip with that reason, also in CI
+(r595 at 64 KiB included: one more NVIDIA build and VM, ~10 min, would take CI past its 75-minute target).
+End to end at 64 KiB (figures printed without -s):
 ``SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 tools/test tests/test_kernel_pagetree.py -k 64k -v`` (add
 SPARK_MEMSAVER_BUILD_KERNEL=1 on a machine without the kernel). Details and results: docs/kernel-tests.md.
 The switch must never reach the product: test_switch_absent_from_the_dkms_build checks the rendered DKMS
@@ -60,6 +63,13 @@ DEBIAN_DEBUG = "slub_debug=FZPU kfence.sample_interval=10 page_poison=1 init_on_
 OPT_IN = "SPARK_MEMSAVER_BUILD_KERNEL"
 ALL_ENV = "SPARK_MEMSAVER_TEST_PAGETREE_ALL"
 CI_CASE = ("debian-6.12-4k", "580.142")   # CI's share: NVIDIA's whole suite at 4 KiB, r580
+#: .ci/run sets it: CI builds the 6.12 64 KiB debug kernel (tests/test_kernel_build.py) and NVIDIA 580.142 for it
+CI64_ENV = "SPARK_MEMSAVER_TEST_KERNEL_64K"
+CI64_CASE = ("debug-6.12-64k", "580.142")
+
+
+def ci_64k() -> bool:
+    return os.environ.get(CI64_ENV) == "1"
 #: NVIDIA's own check_sizes() (uvm_page_tree_test.c) expects user chunk sizes of a 4 KiB or 64 KiB kernel; on a
 #: 16 KiB kernel uvm_mmu_init_gpu_chunk_sizes() adds PAGE_SIZE (16K) and the check fails, with the pool off too.
 #: pascal_test_page_tree() stops there, so volta..blackwell do not run on 16 KiB (they do on 4 KiB and 64 KiB).
@@ -95,10 +105,10 @@ def kernel_or_skip(kind: str) -> qemu.Kernel:
         if kind != CI_CASE[0] and not ready and not _opted_in():
             needs.beyond_ci(f"Debian's 6.12 {flavour} kernel tree", f"not cached; {ALL_ENV}=1 prepares it (~4 min)")
         return qemu.kernel(kind)
-    if os.environ.get(OPT_IN) == "1":
-        return qemu.kernel(kind)            # builds it where it is not cached: a failure to build is a failure
+    if os.environ.get(OPT_IN) == "1" or (kind == CI64_CASE[0] and ci_64k()):
+        return qemu.kernel(kind, build=True)  # builds it where it is not cached: a failure to build is a failure
     try:
-        return qemu.kernel(kind)            # never builds without the opt-in: CI (cold cache) skips here
+        return qemu.kernel(kind, build=False)  # never builds without the opt-in: CI skips the others here
     except qemu.Unavailable as e:
         needs.beyond_ci(f"the {kind} kernel", str(e))
 
@@ -106,7 +116,8 @@ def kernel_or_skip(kind: str) -> qemu.Kernel:
 def build_gate(k: qemu.Kernel, version: str, inject: int = 0) -> None:
     """Skip unless the patched build is cached (or opted in, or CI's case): one more NVIDIA build is ~5-15 min.
     Asked before NVIDIA's source is fetched, so that a skipped case downloads nothing."""
-    if (k.kind, version, inject) != (*CI_CASE, 0) and not uvmvm.is_cached(k, version, inject) and not _opted_in():
+    ci = (k.kind, version, inject) == (*CI_CASE, 0) or ((k.kind, version, inject) == (*CI64_CASE, 0) and ci_64k())
+    if not ci and not uvmvm.is_cached(k, version, inject) and not _opted_in():
         needs.beyond_ci(f"NVIDIA {version} built for {k.release}",
                         f"not cached for these sources; {ALL_ENV}=1 builds it (5-15 min on 2 cores, beyond CI's share)")
 
@@ -117,7 +128,8 @@ def build_or_skip(k: qemu.Kernel, version: str, inject: int = 0) -> uvmvm.Built:
     return uvmvm.cached_build(k, version, inject)
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{SHORT[k]}-{b}" for k, b in CASES])
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=[pytest.mark.heavy_first] if c == ("debug-6.12-64k", "r580")
+                                                     else []) for c in CASES], ids=[f"{SHORT[k]}-{b}" for k, b in CASES])
 def vm(request, tmp_path_factory):
     kind, branch = request.param
     version = BRANCHES[branch]
@@ -284,17 +296,32 @@ def test_nvidia_tests_catch_a_broken_pool(kind, tier, tmp_path, request):
 
 
 def test_64k_cases_skip_without_the_cached_debug_kernel(tmp_path, monkeypatch):
-    """CI never builds the 64 KiB debug kernel (~45 min of 2 cores): with a cold cache every 64k case skips with the
-    kernel, why and the command that builds it, and builds nothing, not even with the modules' opt-in."""
+    """Without CI's switch (SPARK_MEMSAVER_TEST_KERNEL_64K=1) or SPARK_MEMSAVER_BUILD_KERNEL=1 a cold cache builds
+    no 64 KiB debug kernel: every 64k case skips with the kernel, why and the command that builds it, not even
+    the modules' opt-in builds it; the 7.x one is never CI's. CI's switch lets only the 6.12 kernel and the
+    64k-r580 build through (the other branches and the broken pool still skip when not cached)."""
     monkeypatch.setenv("SPARK_MEMSAVER_TEST_CACHE", str(tmp_path))
     monkeypatch.delenv(OPT_IN, raising=False)
+    monkeypatch.delenv(CI64_ENV, raising=False)
     monkeypatch.setenv(ALL_ENV, "1")
     with pytest.raises(pytest.skip.Exception) as e:
         kernel_or_skip("debug-6.12-64k")
     msg = str(e.value)
-    assert "debug-6.12-64k" in msg and "not cached" in msg and "CI never builds it" in msg, msg
+    assert "debug-6.12-64k" in msg and "not cached" in msg and "CI builds only the 6.12 one" in msg, msg
     assert "SPARK_MEMSAVER_BUILD_KERNEL=1 python3 tests/support/debugkernel.py 6.12." in msg, msg
     assert not (tmp_path / "kernel" / "debug-64k-6.12").exists()
+    monkeypatch.setenv(CI64_ENV, "1")
+    monkeypatch.delenv(ALL_ENV)
+    with pytest.raises(pytest.skip.Exception):
+        kernel_or_skip("debug-64k")
+    k = qemu.Kernel("debug-6.12-64k", tmp_path / "Image", tmp_path, "6.12.0", 65536)
+    for version, inject in (("595.45.04", 0), ("580.142", 1)):
+        with pytest.raises(pytest.skip.Exception):
+            build_gate(k, version, inject)
+    build_gate(k, "580.142")               # CI's 64 KiB case: no skip
+    monkeypatch.delenv(CI64_ENV)
+    with pytest.raises(pytest.skip.Exception):
+        build_gate(k, "580.142")
 
 
 def test_every_vm_case_is_heavy():

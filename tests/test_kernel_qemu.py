@@ -109,6 +109,8 @@ STRESS_THREADS = 8
 
 
 @pytest.mark.slow
+@pytest.mark.ci_share("8 kthreads x 4 tiers under TCG, ~8-11 min of VM: CI builds the 6.12 64 KiB kernel for NVIDIA's "
+                      "page-tree case and the out-of-memory run, not for this stress")
 def test_pool_stress_in_6_12_64k_debug_kernel(tmp_path):
     """The kthread stress in the 64 KiB 6.12 debug kernel NVIDIA's modules are tested in (KASAN, PROVE_LOCKING,
     DEBUG_ATOMIC_SLEEP, DEBUG_PAGEALLOC, kmemleak, DMA_API_DEBUG), every tier; the pool's object is built with
@@ -132,6 +134,8 @@ def test_pool_stress_in_6_12_64k_debug_kernel(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ci_share("8 kthreads x 4 tiers under TCG, ~8-11 min of VM: CI builds the 6.12 64 KiB kernel for NVIDIA's "
+                      "page-tree case and the out-of-memory run, not for this stress")
 def test_pool_stress_fails_on_a_broken_pool_in_6_12_64k_debug_kernel(tmp_path):
     """Not vacuous: the same run with the pool built to hand out slots without marking them used
     (UVM_PT_PACK_FAULT_INJECT=1: overlapping tables) fails on the selftest's own checks."""

@@ -287,3 +287,42 @@ def test_tools_test_is_strict_whatever_the_environment_says():
     assert len(run) == 1 and f" {needs.STRICT_ENV}=1 " in run[0] and "-m pytest" in run[0], run
     assert run[0].index(f"{needs.STRICT_ENV}=1") < run[0].index("/usr/bin/python3")
     assert text.count(needs.STRICT_ENV) == 1, "tools/test reads or unsets the strict switch somewhere else"
+
+
+def test_heavy_first_tests_start_before_the_other_heavy_ones(tmp_path):
+    """Light tests first, then heavy tests marked heavy_first (CI's 64 KiB kernel and cases), then the other heavy
+    ones, each group in collection order: a budget spent by the other heavy tests cannot starve CI's 64 KiB share."""
+    source = """
+        import pytest
+
+        ORDER = []
+
+        @pytest.mark.slow
+        def test_heavy_a():
+            ORDER.append("heavy_a")
+
+        @pytest.mark.kernel
+        @pytest.mark.heavy_first
+        def test_first_a():
+            ORDER.append("first_a")
+
+        def test_light():
+            ORDER.append("light")
+
+        @pytest.mark.slow
+        @pytest.mark.heavy_first
+        def test_first_b():
+            ORDER.append("first_b")
+
+        @pytest.mark.kernel
+        def test_heavy_b():
+            ORDER.append("heavy_b")
+
+        def test_zz_order():
+            pass
+
+        def teardown_module():
+            assert ORDER == ["light", "first_a", "first_b", "heavy_a", "heavy_b"], ORDER
+    """
+    r = _inner_pytest(tmp_path, "test_first.py", source, "slow\nkernel\nheavy_first")
+    assert "6 passed" in r.stdout and "error" not in r.stdout.lower(), r.stdout

@@ -160,13 +160,13 @@ def _linux_source(opts, version: str) -> Path:
     return tarballs[-1]
 
 
-def debug_kernel_64k(series: str = "7.") -> Kernel:
-    """The 64 KiB debug kernel from linux-source-<series> (tests/support/debugkernel.py)."""
+def debug_kernel_64k(series: str = "7.", build: bool | None = None) -> Kernel:
+    """The 64 KiB debug kernel from linux-source-<series> (tests/support/debugkernel.py; build: see there)."""
     try:
         from . import debugkernel
     except ImportError:  # pragma: no cover
         import debugkernel  # type: ignore
-    return debugkernel.debug_kernel(series)
+    return debugkernel.debug_kernel(series, build)
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,11 +207,12 @@ def debian_kernel(flavour: str, major: str = "7.") -> Kernel:
     return Kernel(f"debian-{flavour}", image, tree, f"{abi}-{flavour}", 16384 if flavour.endswith("16k") else 4096)
 
 
-def kernel(kind: str) -> Kernel:
+def kernel(kind: str, build: bool | None = None) -> Kernel:
+    """build: the debug kernels only (None: SPARK_MEMSAVER_BUILD_KERNEL=1 decides; tests/support/debugkernel.py)."""
     if kind == "debug-64k":
-        return debug_kernel_64k()
+        return debug_kernel_64k(build=build)
     if kind == "debug-6.12-64k":
-        return debug_kernel_64k("6.12.")
+        return debug_kernel_64k("6.12.", build)
     if kind == "debian-4k":
         return debian_kernel("arm64")
     if kind == "debian-16k":

@@ -212,19 +212,24 @@ def pt_run(built: Built, dest: Path) -> Path:
     return dest
 
 
-def initramfs(built: Built, runner: Path, dest: Path) -> Path:
+def initramfs(built: Built, runner: Path, dest: Path, *, init: Path = KDIR / "pagetree" / "init.sh",
+              extra: dict[str, Path] | None = None) -> Path:
+    """busybox, init (PID 1), the two modules, pt_run, and extra (name in / -> file: tests/test_kernel_oom.py's
+    selftest modules)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for d in ("bin", "proc", "sys", "dev", "tmp"):
             (root / d).mkdir()
         shutil.copy(qemu.busybox(), root / "bin/busybox")
         (root / "bin/sh").symlink_to("busybox")
-        shutil.copy(KDIR / "pagetree/init.sh", root / "init")
+        shutil.copy(init, root / "init")
         os.chmod(root / "init", 0o755)
         shutil.copy(built.nvidia, root / "nvidia.ko")
         shutil.copy(built.uvm, root / "nvidia-uvm.ko")
         shutil.copy(runner, root / "pt_run")
         os.chmod(root / "pt_run", 0o755)
+        for name, src in (extra or {}).items():
+            shutil.copy(src, root / name)
         qemu.pack_initramfs(root, dest)
     return dest
 

@@ -16,12 +16,28 @@
  *
  * One line per step: "PT-RUN step=<name> ioctl=<rc> errno=<n> rmStatus=0x<hex>"; exit 0 only when
  * the device opened, UVM_INITIALIZE and every test returned NV_OK.
+ *
+ * Out of memory (tests/test_kernel_oom.py, tests/kernel/oom/init.sh):
+ *   pt_run oom task CALLS       UVM_TEST_PAGE_TREE CALLS times, each with this task marked for fault
+ *                               injection (/proc/self/make-it-fail = 1 around the ioctl only: fail_page_alloc /
+ *                               failslab with task-filter, configured by init.sh, fail its allocations)
+ *   pt_run oom nth CALLS SEED   each call with /proc/self/fail-nth = n: the n-th allocation (slab or page) of the
+ *                               call fails; n from SEED (log-uniform in 1..32768, the same SEED gives the same n)
+ *   pt_run oom none CALLS       no injection (the memory cgroup and memory hog cases)
+ * One line per call: "PT-OOM call=<i> ioctl=<rc> errno=<n> rmStatus=0x<hex> nth=<n> injected=<0|1|-1> ms=<n>"
+ * (injected: nth mode only, whether the n-th allocation was reached; -1 elsewhere). Exit 0 when every call
+ * returned (any status: the test judges them).
+ *   pt_run hog FLOOR_KIB        a memory hog: touches 1 MiB blocks until MemAvailable <= FLOOR_KIB, then churns
+ *                               (frees a random block, takes another) until killed; oom_score_adj 1000, so the
+ *                               OOM killer, if it comes, takes the hog first. Prints "HOG-READY blocks=<n>".
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "uvm_linux_ioctl.h"
@@ -110,10 +126,124 @@ static int run_one(int fd, const char *t)
     return ok;
 }
 
+static long now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
+}
+
+static void put_str(int fd, const char *v)
+{
+    if (fd >= 0 && pwrite(fd, v, strlen(v), 0) < 0)
+        printf("PT-OOM write %s errno=%d\n", v, errno);
+}
+
+/* pt_run oom MODE CALLS [SEED] (see the head comment) */
+static int oom_run(int fd, const char *mode, int calls, unsigned long seed)
+{
+    int mif = -1, nth = -1, i;
+
+    if (!strcmp(mode, "task") && (mif = open("/proc/self/make-it-fail", O_WRONLY)) < 0) {
+        printf("PT-OOM make-it-fail errno=%d\n", errno);
+        return 1;
+    }
+    if (!strcmp(mode, "nth") && (nth = open("/proc/self/fail-nth", O_RDWR)) < 0) {
+        printf("PT-OOM fail-nth errno=%d\n", errno);
+        return 1;
+    }
+    for (i = 0; i < calls; i++) {
+        UVM_TEST_PAGE_TREE_PARAMS p;
+        unsigned long n = 0;
+        int rc, err, injected = -1;
+        long t0;
+        char buf[32];
+
+        memset(&p, 0, sizeof(p));
+        if (nth >= 0) {
+            seed = seed * 6364136223846793005ul + 1442695040888963407ul;    /* the same seed, the same n */
+            n = 1 + (seed >> 33) % (1ul << (1 + (seed >> 20) % 15));
+            snprintf(buf, sizeof(buf), "%lu", n);
+            put_str(nth, buf);
+        }
+        put_str(mif, "1");
+        t0 = now_ms();
+        rc = ioctl(fd, UVM_TEST_PAGE_TREE, &p);
+        err = errno;
+        put_str(mif, "0");
+        if (nth >= 0) {
+            ssize_t r = pread(nth, buf, sizeof(buf) - 1, 0);
+
+            buf[r > 0 ? r : 0] = 0;
+            injected = strtoul(buf, NULL, 10) == 0;     /* counted down to 0: the n-th allocation failed */
+            put_str(nth, "0");
+        }
+        printf("PT-OOM call=%d ioctl=%d errno=%d rmStatus=0x%x nth=%lu injected=%d ms=%ld\n", i, rc,
+               rc ? err : 0, (unsigned)p.rmStatus, n, injected, now_ms() - t0);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static long mem_available_kib(void)
+{
+    char line[128];
+    long v = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %ld kB", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+#define HOG_BLOCK (1L << 20)
+#define HOG_MAX 8192
+
+static void __attribute__((noreturn)) hog(long floor_kib)
+{
+    static char *blk[HOG_MAX];
+    int n = 0, ready = 0, fd = open("/proc/self/oom_score_adj", O_WRONLY);
+    unsigned long r = 1;
+
+    put_str(fd, "1000");
+    for (;;) {
+        if (n < HOG_MAX && mem_available_kib() > floor_kib) {
+            if (!(blk[n] = malloc(HOG_BLOCK)))
+                continue;
+            memset(blk[n++], 0x5a, HOG_BLOCK);
+            continue;
+        }
+        if (!ready) {
+            printf("HOG-READY blocks=%d avail_kib=%ld\n", n, mem_available_kib());
+            fflush(stdout);
+            ready = 1;
+        }
+        if (n) {                       /* churn: give one block back, take it again at once */
+            struct timespec ts = { 0, 5 * 1000 * 1000 };
+
+            int k;
+
+            r = r * 1103515245 + 12345;
+            k = r % n;
+            free(blk[k]);
+            n--;
+            blk[k] = blk[n];
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     UVM_INITIALIZE_PARAMS init;
     int fd, i, ok = 1;
+
+    if (argc == 3 && !strcmp(argv[1], "hog"))
+        hog(atol(argv[2]));
 
     fd = open("/dev/nvidia-uvm", O_RDWR | O_CLOEXEC);
     if (fd < 0) {
@@ -123,6 +253,8 @@ int main(int argc, char **argv)
     memset(&init, 0, sizeof(init));
     if (!report("initialize", ioctl(fd, UVM_INITIALIZE, &init), init.rmStatus))
         return 1;
+    if (argc >= 4 && !strcmp(argv[1], "oom"))
+        return oom_run(fd, argv[2], atoi(argv[3]), argc > 4 ? strtoul(argv[4], NULL, 0) : 0);
     for (i = 1; i < argc || (argc == 1 && i == 1); i++) {
         const char *t = argc == 1 ? "page_tree" : argv[i];
 

@@ -12,9 +12,22 @@
  * at free (no overlap); at the end every backing page was put (release of
  * empty pages), gets == puts, no mapping left.
  *
- * Result (one line, parsed by tests/test_kernel_qemu.py):
+ * Out-of-memory mode (oom=1, tests/test_kernel_oom.py): each kthread marks
+ * itself for fault injection (current->make_it_fail: fail_page_alloc and
+ * failslab with task-filter fail its allocations as configured under
+ * /sys/kernel/debug), and the user trees' backing pages and the pool's
+ * descriptors are charged to the loader's memory cgroup (__GFP_ACCOUNT under
+ * set_active_memcg(), as UVM charges a user tree to its va_space's mm), so a
+ * memory.max limit on that cgroup fails them. A failed allocation is then an
+ * outcome, not an error: -ENOMEM (enomem) or a failed DMA mapping (eio) and a
+ * table handed out as a whole page (whole: the pool could not record a new
+ * backing page; freed by the caller's path, as NVIDIA's). Every other check
+ * stays: gets == puts, empty pools, no mapping left.
+ *
+ * Result (one line, parsed by tests/test_kernel_qemu.py and test_kernel_oom.py):
  *   PTPACK-SELFTEST tier=<n> result=<pass|fail> iommu=<0|1> threads=<n> ops=<n>
- *       tables_max=<n> gets=<n> puts=<n> errors=<n> page_size=<n>
+ *       tables_max=<n> gets=<n> puts=<n> errors=<n> page_size=<n> oom=<0|1>
+ *       enomem=<n> eio=<n> whole=<n>
  */
 #include <linux/module.h>
 #include <linux/pci.h>
@@ -28,6 +41,9 @@
 #include <linux/random.h>
 #include <linux/slab.h>
 #include <linux/mm.h>
+#include <linux/sched.h>
+#include <linux/sched/mm.h>
+#include <linux/memcontrol.h>
 #include "uvm_pt_pack.h"
 
 #define NTREES 3
@@ -37,11 +53,14 @@ static int threads = 4;
 module_param(threads, int, 0444);
 static int ops = 20000;
 module_param(ops, int, 0444);
+static int oom;
+module_param(oom, int, 0444);
 
 struct st_tree {
 	struct uvm_pt_pack_pool pool;
 	struct mutex lock;          /* stands in for tree->lock */
 	int tier;
+	bool user;                  /* a user tree: charged to st_memcg in oom mode */
 };
 
 struct st_table {
@@ -57,7 +76,25 @@ static struct device *st_dev;
 static struct st_tree st_trees[NTREES];
 static DEFINE_XARRAY(st_maps);   /* pfn -> dma address >> PAGE_SHIFT of every live backing page */
 static atomic_t st_gets, st_puts, st_errors, st_ops, st_live_max, st_live;
+static atomic_t st_enomem, st_eio, st_whole;
 static int st_tier_param;
+static struct mem_cgroup *st_memcg;   /* oom mode: the loader's memory cgroup */
+
+/* oom mode, a user tree: charge to st_memcg (returns the gfp to use; *old for st_uncharge_scope) */
+static gfp_t st_charge_scope(struct st_tree *t, gfp_t gfp, struct mem_cgroup **old)
+{
+	*old = NULL;
+	if (!oom || !t->user || !st_memcg)
+		return gfp;
+	*old = set_active_memcg(st_memcg);
+	return gfp | __GFP_ACCOUNT;
+}
+
+static void st_uncharge_scope(gfp_t gfp, struct mem_cgroup *old)
+{
+	if (gfp & __GFP_ACCOUNT)
+		set_active_memcg(old);
+}
 
 #define ST_ERR(fmt, ...) do { \
 	if (atomic_inc_return(&st_errors) <= 10) \
@@ -66,9 +103,12 @@ static int st_tier_param;
 
 static int st_get(void *ctx, struct page **pagep, u64 *gpu_addr)
 {
-	struct page *page = alloc_pages(GFP_KERNEL | __GFP_ZERO, 0);
+	struct mem_cgroup *old;
+	gfp_t gfp = st_charge_scope(ctx, GFP_KERNEL | __GFP_ZERO, &old);
+	struct page *page = alloc_pages(gfp, 0);
 	dma_addr_t dma;
 
+	st_uncharge_scope(gfp, old);
 	if (!page)
 		return -ENOMEM;
 	dma = dma_map_page(st_dev, page, 0, PAGE_SIZE, DMA_BIDIRECTIONAL);
@@ -103,7 +143,18 @@ static void st_put(void *ctx, struct page *page, u64 gpu_addr)
 	atomic_inc(&st_puts);
 }
 
-static const struct uvm_pt_pack_ops st_ops_cb = { .get = st_get, .put = st_put };
+/* the pool's descriptors, charged where st_get() charges (UVM's pt_pack_charged()) */
+static int st_charged(void *ctx, int (*fn)(void *arg, gfp_t gfp), void *arg)
+{
+	struct mem_cgroup *old;
+	gfp_t gfp = st_charge_scope(ctx, GFP_KERNEL, &old);
+	int ret = fn(arg, gfp);
+
+	st_uncharge_scope(gfp, old);
+	return ret;
+}
+
+static const struct uvm_pt_pack_ops st_ops_cb = { .get = st_get, .put = st_put, .charged = st_charged };
 
 static unsigned int st_align(int tier, u32 size)
 {
@@ -150,6 +201,12 @@ static int st_alloc(int ti, unsigned int depth, u32 size, struct st_table *tb)
 	va = page_address(page) + (addr - base);
 	if (memchr_inv(va, 0, size))
 		ST_ERR("table at %llx not zeroed", addr);
+	if (!tag) {
+		/* handed out whole (no memory to record the page): the caller's page */
+		atomic_inc(&st_whole);
+		if (addr != base)
+			ST_ERR("whole-page table at %llx is not its page %llx", addr, base);
+	}
 	tb->page = page;
 	tb->addr = addr;
 	tb->tag = tag;
@@ -170,8 +227,15 @@ static void st_free(struct st_table *tb)
 		ST_ERR("table at %llx clobbered (overlap) or its page gone", tb->addr);
 	memset(page_address(tb->page) + (tb->addr - base), 0xa5, tb->size);   /* reuse must zero */
 	mutex_lock(&t->lock);
-	if (!uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size, tb->tag))
+	if (!tb->tag) {
+		/* a whole-page table: not the pool's; the caller's path frees it, as NVIDIA's does */
+		if (uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size, 0))
+			ST_ERR("the pool claimed the whole-page table at %llx", tb->addr);
+		else
+			st_put(t, tb->page, tb->addr);
+	} else if (!uvm_pt_pack_free(&t->pool, tb->page, tb->addr, tb->size, tb->tag)) {
 		ST_ERR("free of a packed table at %llx not recognised", tb->addr);
+	}
 	mutex_unlock(&t->lock);
 }
 
@@ -191,6 +255,10 @@ static int st_thread(void *arg)
 		complete(&w->done);
 		return 0;
 	}
+#ifdef CONFIG_FAULT_INJECTION
+	if (oom)
+		current->make_it_fail = 1;   /* fail_page_alloc / failslab task-filter */
+#endif
 	for (k = 0; k < ops; k++) {
 		u32 r = get_random_u32();
 		bool fill = (k / 500) % 2 == 0;      /* waves: pages get released and re-acquired */
@@ -205,6 +273,10 @@ static int st_thread(void *arg)
 				live = atomic_inc_return(&st_live);
 				if (live > atomic_read(&st_live_max))
 					atomic_set(&st_live_max, live);
+			} else if (oom && ret == -ENOMEM) {
+				atomic_inc(&st_enomem);
+			} else if (oom && ret == -EIO) {
+				atomic_inc(&st_eio);     /* st_get()'s DMA mapping failed */
 			} else if (ret < 0 && ret != -EINVAL) {
 				ST_ERR("alloc failed: %d", ret);
 			}
@@ -219,6 +291,9 @@ static int st_thread(void *arg)
 		if ((k & 255) == 0)
 			cond_resched();
 	}
+#ifdef CONFIG_FAULT_INJECTION
+	current->make_it_fail = 0;
+#endif
 	while (n) {
 		st_free(&tabs[--n]);
 		atomic_dec(&st_live);
@@ -235,6 +310,8 @@ static int st_run(struct pci_dev *pdev)
 	bool iommu = iommu_get_domain_for_dev(&pdev->dev) != NULL;
 
 	st_tier_param = uvm_pt_pack_requested_tier();
+	if (oom && current->mm)
+		st_memcg = get_mem_cgroup_from_mm(current->mm);   /* probe runs in insmod's context */
 	for (i = 0; i < NTREES; i++) {
 		/* tree 0 stands in for UVM's kernel tree, the others for user trees */
 		struct uvm_pt_pack_facts f = {
@@ -244,6 +321,7 @@ static int st_run(struct pci_dev *pdev)
 		};
 
 		mutex_init(&st_trees[i].lock);
+		st_trees[i].user = i != 0;
 		uvm_pt_pack_tree_init(&st_trees[i].pool, &f, &st_ops_cb, &st_trees[i]);
 		st_trees[i].tier = uvm_pt_pack_active(&st_trees[i].pool) ? st_tier_param : 0;
 	}
@@ -272,10 +350,13 @@ static int st_run(struct pci_dev *pdev)
 	if (st_tier_param != UVM_PT_PACK_TIER_OFF && PAGE_SIZE > 4096 && atomic_read(&st_gets) == 0)
 		ST_ERR("tier %d packed nothing", st_tier_param);
 	pass = atomic_read(&st_errors) == 0 && iommu;
-	pr_info("PTPACK-SELFTEST tier=%d result=%s iommu=%d threads=%d ops=%d tables_max=%d gets=%d puts=%d errors=%d page_size=%lu\n",
+	pr_info("PTPACK-SELFTEST tier=%d result=%s iommu=%d threads=%d ops=%d tables_max=%d gets=%d puts=%d errors=%d page_size=%lu oom=%d enomem=%d eio=%d whole=%d\n",
 		st_tier_param, pass ? "pass" : "fail", iommu, threads, atomic_read(&st_ops),
 		atomic_read(&st_live_max), atomic_read(&st_gets), atomic_read(&st_puts),
-		atomic_read(&st_errors), PAGE_SIZE);
+		atomic_read(&st_errors), PAGE_SIZE, oom, atomic_read(&st_enomem),
+		atomic_read(&st_eio), atomic_read(&st_whole));
+	mem_cgroup_put(st_memcg);
+	st_memcg = NULL;
 	return 0;
 }
 
