@@ -30,7 +30,7 @@ def test_debug_kernel_64k_is_built_with_every_option(request):
     k = kernel_or_skip("debug-6.12-64k")
     took = time.time() - t0
     stamp = (debugkernel.cache_path("6.12.") / ".ready").read_text().strip()
-    _say(request, f"\n[debug-6.12-64k kernel] {stamp}; {'built by this test' if took > 60 else 'cached'} "
+    _say(request, f"\n[debug-6.12-64k kernel] {stamp}; {'built (or waited for) here' if took > 60 else 'cached'} "
          f"({took:.0f} s in this test)")
     cfg = (k.tree / ".config").read_text().splitlines()
     assert [o for o in debugkernel.options("6.12.") if o not in cfg] == []

@@ -6,7 +6,8 @@
 #   nth:SEED   (NVIDIA's test only) /proc/self/fail-nth per call, n from SEED (pt_run oom nth)
 #   memcg:MAX  the test in a memory cgroup with memory.max = MAX (the selftest charges its user trees there;
 #              NVIDIA's fake-GPU trees are charged nowhere: UVM charges a user tree to its va_space's mm)
-#   hog:KIB    a background memory hog holds the guest at MemAvailable <= KIB while the test runs
+#   hog:KIB    a background memory hog holds the guest KIB beyond MemAvailable 0 (below the watermarks) while
+#              the test runs; the OOM killer takes the hog first (oom_score_adj 1000) and it is started again
 # fail_page_alloc / failslab: task-filter Y (only a task with make-it-fail 1: pt_run around its ioctl, the
 # selftest's kthreads), ignore-gfp-wait N, min-order 0 (GFP_KERNEL order-0 pages fail too), verbose 0;
 # times starts at 1000000, so failures injected = 1000000 - times.
@@ -46,13 +47,19 @@ inject_off() {       # kind -> prints the failures injected
 	echo $((1000000 - $(cat $D/$a/times))); echo -1 > $D/$a/times
 }
 HOG=
-hog_start() {        # floor KiB
-	/pt_run hog "$1" > /tmp/hog.log 2>&1 &
+hog_start() {        # KiB beyond MemAvailable 0; respawned while /tmp/hog.on exists
+	: > /tmp/hog.on; : > /tmp/hog.log
+	(while [ -e /tmp/hog.on ]; do /pt_run hog "$1" >> /tmp/hog.log 2>&1; done) &
 	HOG=$!
 	i=0; while ! grep -q HOG-READY /tmp/hog.log 2>/dev/null && [ $i -lt 600 ]; do sleep 1; i=$((i + 1)); done
-	echo "HOG $(cat /tmp/hog.log) after ${i}s"
+	echo "HOG $(head -1 /tmp/hog.log) after ${i}s"
 }
-hog_stop() { [ -n "$HOG" ] && kill -9 $HOG 2>/dev/null; wait $HOG 2>/dev/null; HOG=; }
+hog_stop() {
+	rm -f /tmp/hog.on
+	for p in $(pidof pt_run); do tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q ' hog ' && kill -9 $p; done
+	wait $HOG 2>/dev/null; HOG=
+	echo "HOG-STOP started $(grep -c HOG-READY /tmp/hog.log) times"
+}
 CG=/sys/fs/cgroup/oomtest
 cg_make() { mkdir -p $CG && echo "$1" > $CG/memory.max; }
 cg_done() {

@@ -27,9 +27,10 @@
  * One line per call: "PT-OOM call=<i> ioctl=<rc> errno=<n> rmStatus=0x<hex> nth=<n> injected=<0|1|-1> ms=<n>"
  * (injected: nth mode only, whether the n-th allocation was reached; -1 elsewhere). Exit 0 when every call
  * returned (any status: the test judges them).
- *   pt_run hog FLOOR_KIB        a memory hog: touches 1 MiB blocks until MemAvailable <= FLOOR_KIB, then churns
- *                               (frees a random block, takes another) until killed; oom_score_adj 1000, so the
- *                               OOM killer, if it comes, takes the hog first. Prints "HOG-READY blocks=<n>".
+ *   pt_run hog OVER_KIB         a memory hog: touches 1 MiB blocks until MemAvailable is 0, then OVER_KIB more
+ *                               (into the reserves: below the watermarks), then churns (frees a random block,
+ *                               takes another) until killed; oom_score_adj 1000, so the OOM killer, when it
+ *                               comes, takes the hog first. Prints "HOG-READY blocks=<n> avail_kib=<n>".
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -203,15 +204,18 @@ static long mem_available_kib(void)
 #define HOG_BLOCK (1L << 20)
 #define HOG_MAX 8192
 
-static void __attribute__((noreturn)) hog(long floor_kib)
+static void __attribute__((noreturn)) hog(long over_kib)
 {
     static char *blk[HOG_MAX];
     int n = 0, ready = 0, fd = open("/proc/self/oom_score_adj", O_WRONLY);
     unsigned long r = 1;
+    long over = 0;
 
     put_str(fd, "1000");
     for (;;) {
-        if (n < HOG_MAX && mem_available_kib() > floor_kib) {
+        if (n < HOG_MAX && (mem_available_kib() > 0 || over < over_kib)) {
+            if (mem_available_kib() <= 0)
+                over += HOG_BLOCK / 1024;
             if (!(blk[n] = malloc(HOG_BLOCK)))
                 continue;
             memset(blk[n++], 0x5a, HOG_BLOCK);
