@@ -130,7 +130,9 @@ def stats_text(tier="4k", packed=1, unpacked=0, t256=52989, t4k=259, page=65536,
     c256 = cls(t256, 256, slot256)
     c4k = cls(t4k, 4096, 4096)
     lines = ["format 1", f"tier {tier}", f"page_size {page}", f"trees_packed {packed}",
-             f"trees_unpacked {unpacked}", f"unpacked_reason {'none' if not unpacked else 'has-vidmem'}"]
+             f"trees_unpacked {unpacked}",
+             # as the module prints it: "disabled" whenever the tier is off (uvm_pt_pack=0)
+             f"unpacked_reason {'disabled' if tier == 'off' else 'none' if not unpacked else 'has-vidmem'}"]
     for name, c in (("c256", c256), ("c4096", c4k)):
         for k, v in zip(("tables", "pages", "backing_bytes", "stock_bytes", "saved_bytes"), c):
             lines.append(f"{name}_{k} {v}")
