@@ -154,6 +154,7 @@ static int oom_run(int fd, const char *mode, int calls, unsigned long seed)
         printf("PT-OOM fail-nth errno=%d\n", errno);
         return 1;
     }
+    printf("PT-OOM pid=%d mode=%s calls=%d\n", (int)getpid(), mode, calls);   /* kmemleak names leaks by pid */
     for (i = 0; i < calls; i++) {
         UVM_TEST_PAGE_TREE_PARAMS p;
         unsigned long n = 0;
