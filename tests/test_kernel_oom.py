@@ -200,7 +200,7 @@ def table(log: str) -> str:
     stock = {r["case"]: sorted({c["status"] for c in r["calls"]}) for r in nv if r["tier"] == 0}
     leaks = leaks_by_case(log, nv)
     rows = ["| tier | case | calls | NV_OK | NV_ERR_NO_MEMORY | other | failures injected | statuses vs stock | "
-            "kmemleak (NVIDIA's test) | s |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "kmemleak (NVIDIA's test) | 256 B tables packed | s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in nv:
         sts = [c["status"] for c in r["calls"]]
         same = "stock" if r["tier"] == 0 else ("same" if sorted(set(sts)) == stock.get(r["case"]) else
@@ -208,7 +208,8 @@ def table(log: str) -> str:
         other = [hex(s) for s in sts if s not in (NV_OK, NV_ERR_NO_MEMORY)]
         rows.append(f"| {TOKENS[r['tier']]} | {r['case']} | {len(sts)} | {sts.count(NV_OK)} | "
                     f"{sts.count(NV_ERR_NO_MEMORY)} | {' '.join(other) or 0} | {r['injected']} | {same} | "
-                    f"{len(leaks.get((r['tier'], r['case']), []))} | {r['secs']} |")
+                    f"{len(leaks.get((r['tier'], r['case']), []))} | {r['stats'].get('test_total_c256_tables', '-')} | "
+                    f"{r['secs']} |")
     rows += ["", "| selftest | tier | case | result | ops | gets = puts | enomem | eio | whole page | failures "
                  "injected | s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in st:
@@ -257,10 +258,11 @@ def test_out_of_memory_is_never_worse_than_stock(tmp_path, request):
             assert r["injected"] > 0, (r["tier"], r["case"], "no failure injected: the case tested nothing")
     # the injections reach the pool's failure paths: NV_ERR_NO_MEMORY seen in a packed tier
     assert any(c["status"] == NV_ERR_NO_MEMORY for r in nv if r["tier"] != 0 for c in r["calls"])
-    # the packed tiers packed (cumulative test counters of the switch build) and the selftest saw ENOMEM
-    for r in nv:
-        if r["tier"] != 0:
-            assert int(r["stats"]["test_total_c256_tables"]) > 0, r["stats"]
+    # each packed tier packed (the switch build's counters, per load: a call that fails at its 40th allocation
+    # may end before the first packed table, the uninjected cases run the whole suite) and the selftest saw ENOMEM
+    for t in tiers:
+        if t != 0:
+            assert any(int(r["stats"]["test_total_c256_tables"]) > 0 for r in nv if r["tier"] == t), t
     assert any(int(r["result"][6]) > 0 for r in stt if r["tier"] != 0)
     # memory.max bit the selftest's charged user trees (the full matrix: UVM's fake trees are charged nowhere)
     for r in stt:
@@ -323,7 +325,7 @@ def test_problems_names_what_an_out_of_memory_run_must_not_do():
     nv, st = parse(ok)
     assert [(r["tier"], r["injected"], [c["status"] for c in r["calls"]]) for r in nv] == \
         [(0, 2, [0x51, 0]), (3, 2, [0x51, 0])] and st[0]["result"][6] == "3"
-    assert "| leaf | page-i:40 | 2 | 1 | 1 | 0 | 2 | same | 0 | 3 |" in table(ok)
+    assert "| leaf | page-i:40 | 2 | 1 | 1 | 0 | 2 | same | 0 | 5 | 3 |" in table(ok)
     bad = {
         "status 0x40": _synthetic(tier3=("0x40", "0x0")),                 # a status stock never gave
         "live counters not 0": _synthetic(live="1"),                      # a table or page left behind
