@@ -236,8 +236,9 @@ def _boot(k, rd, matrix, tmp, request, what):
 @pytest.mark.heavy_first
 def test_out_of_memory_is_never_worse_than_stock(tmp_path, request):
     """NVIDIA's UVM_TEST_PAGE_TREE (stock and packed tiers) and the pool's selftest under fail_page_alloc,
-    failslab, fail-nth, memory.max and a memory hog: problems() is empty, the injections really failed
-    allocations, and the packed tiers' statuses per case are stock's."""
+    failslab, fail-nth, memory.max and a memory hog: problems() is empty (a packed tier's statuses are NV_OK,
+    NV_ERR_NO_MEMORY or what stock returned in the same case), the injections really failed allocations, each
+    packed tier packed, the selftest saw ENOMEM."""
     full = os.environ.get(ALL_ENV) == "1"
     matrix = FULL if full else SMALL
     k = kernel_or_skip(KIND)
