@@ -52,16 +52,10 @@ def yaml_error():
 
 
 def _trusted(path: str) -> bool:
-    """A file (and its directory) written by root or by us and not writable by others: only then is a parsed
-    copy of the manifest believed (it decides which drivers are supported)."""
-    try:
-        for p in (path, os.path.dirname(path)):
-            st = os.stat(p)
-            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                return False
-        return True
-    except OSError:
-        return False
+    """Only a copy root (or we) wrote and nobody else can change is believed: the manifest decides which drivers
+    are supported (host/fsutil.trusted_copy)."""
+    from spark_memsaver.host.fsutil import trusted_copy
+    return trusted_copy(path)
 
 
 def _same_as_json(value) -> bool:

@@ -60,6 +60,19 @@ def atomic_write(path, data: bytes | str, mode: int = 0o644, durable: bool = Tru
         fsync_dir(d)
 
 
+def trusted_copy(path: str) -> bool:
+    """A kept copy (a file and its directory) written by root or by us and not writable by others: only then is
+    it believed (yamlio's parsed data files, observe/modcache's kmod answers)."""
+    try:
+        for p in (path, os.path.dirname(path)):
+            st = os.stat(p)
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                return False
+        return True
+    except OSError:
+        return False
+
+
 def sha256_file(path) -> str | None:
     """Hex SHA-256 of a file, read in 1 MiB chunks; None when it cannot be read."""
     from spark_memsaver.digest import sha256   # CPython's own: hashlib would load libcrypto

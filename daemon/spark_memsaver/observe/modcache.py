@@ -21,6 +21,7 @@ import json
 import os
 
 from spark_memsaver.host import Host, paths
+from spark_memsaver.host.fsutil import trusted_copy
 
 FORMAT = 1
 MAX_ENTRIES = 64
@@ -64,19 +65,8 @@ def inputs(host: Host, kernel: str) -> list:
     return out
 
 
-def _trusted(path: str) -> bool:
-    try:
-        for p in (path, os.path.dirname(path)):
-            st = os.stat(p)
-            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                return False
-        return True
-    except OSError:
-        return False
-
-
 def _load(path: str) -> dict:
-    if not _trusted(path):
+    if not trusted_copy(path):
         return {}
     try:
         with open(path, encoding="utf-8") as f:
