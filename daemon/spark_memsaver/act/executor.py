@@ -132,13 +132,15 @@ def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progre
 def _install(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     cfgmod.refuse_invalid(config, "install")
-    if k:   # refused with status's code and remedy (decide/installability.py); fetches a missing source
-        installable.require(host, config, k, progress=st.fwd(progress))
+    # refused with status's code and remedy (decide/installability.py), per kernel for --all as for --kernel
+    decided, skipped = installable.targets(host, config, k, all_kernels)
+    installable.fetch_missing(host, config, decided, progress=st.fwd(progress))   # a missing source, fetched
     released = holds.release(host, k)        # the administrator's install ends their rollback/remove hold
     if released:
         st.say(progress, "hold released: " + ", ".join(released))
     with rio.safe_intent(host, "install", k, removal=False, problems=problems):
-        doc = st.engine_override().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress))
+        doc = st.engine_override().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress),
+                                           kernels=[d["kernel"] for d in decided], skipped=skipped)
         for r in doc.get("installed", []):
             ok, info, nv = st.ours_matches(host, r["kernel"])
             if not ok:
