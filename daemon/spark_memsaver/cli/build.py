@@ -64,6 +64,9 @@ def act(obj, op: str, progress, **kw) -> dict:
             if doc is not None:
                 return doc
         from spark_memsaver.errors import NotPermitted
+        if local_only:        # never asked of the daemon (build --force, reconcile, one kernel's rollback)
+            raise NotPermitted(f"'{op}' changes kernel modules and needs root",
+                               remedy=f"Run it as root: '{_as_typed_with_sudo()}'.")
         raise NotPermitted(f"'{op}' changes kernel modules and needs root; spark-memsaverd is not running to "
                            "ask on your behalf",
                            remedy=f"Run it as root: '{_as_typed_with_sudo()}'; or start the daemon "

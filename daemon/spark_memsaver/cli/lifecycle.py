@@ -179,7 +179,12 @@ def register(root) -> None:
         """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).
         Exit 0 active, 1 refused or deferred to next boot, 3 failed."""
         doc = act(obj, "activate", None if as_json else progress, dry_run=dry_run, _local_only=dry_run)
-        if doc.get("activated"):
+        if doc.get("already") and doc.get("packing") is False:
+            lines = [f"already loaded, packing nothing: {doc.get('path')} (srcversion {doc.get('srcversion')}); "
+                     "'spark-memsaver status' says why and what to do"]
+        elif doc.get("already"):
+            lines = [f"already active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
+        elif doc.get("activated"):
             lines = [f"active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
         elif doc.get("dry_run"):
             lines = ["would run: " + "; ".join(" ".join(c) for c in doc["would_run"])]

@@ -219,6 +219,7 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
         if why is None:
             builds.extend(_build_steps(k, snap, config, support, Step(
                 "build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
+                else f"our module is built for kernel {rel} but not installed: installing it" if _built(snap, rel)
                 else f"no build of our module for kernel {rel} and driver {nv}", driver_from=built_for,
                 driver_to=nv), fetched))
         elif removed_reason:
@@ -253,6 +254,11 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
     recover = [s for s in steps if s.action in ACTING]
     info = [s for s in steps if s.action in INFO]
     return recover + removals + records_out + builds + info
+
+
+def _built(snap, kernel: str) -> bool:
+    """DKMS holds a build of ours for ``kernel`` (not installed: the override is not selected)."""
+    return any(b.built and b.kernel == kernel for r in snap.dkms.registrations for b in r.builds)
 
 
 def build_record(snap, kernel: str) -> dict | None:

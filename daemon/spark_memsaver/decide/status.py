@@ -373,6 +373,11 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
                              f"{rm.run('spark-memsaver activate')} (needs /dev/nvidia-uvm unused), or reboot."))
         return Verdict("installed", f)
     if any(b.built for r in snap.dkms.registrations for b in r.builds):
+        # built, not installed: install's dry run plans the install (it reuses the build), so Next says it
+        message, remedy = install_advice(decision)
+        if decision is not None and decision["can_install"]:
+            message = "Our nvidia-uvm is built but not installed; the stock nvidia-uvm is selected."
+        f.append(Finding("stock", "info", message, remedy))
         return Verdict("built", f)
 
     message, remedy = install_advice(decision)
