@@ -1,0 +1,96 @@
+"""Status says one thing (issue 34, item 5): the first screen, -v, --json, -q and metrics against each other
+and against the plans the commands' dry runs show, on Spark-shaped fixture roots (tests/support/sparkroot.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import sparkroot
+from tests.support.inproc import cli
+from tests.support.statespace import add_dkms_build
+
+K = sparkroot.SPARK_KERNEL
+REPO = Path(__file__).resolve().parent.parent
+
+
+def first(text: str) -> dict:
+    rows = {}
+    for ln in text.splitlines():
+        m = re.match(r"^([A-Za-z][A-Za-z -]*):\s+(.*)$", ln)
+        if m:
+            rows.setdefault(m.group(1), m.group(2))
+    return rows
+
+
+def test_the_running_tier_is_what_status_metrics_and_risk_say(tmp_path):
+    """Ours packing tier 256 with 'tier: leaf' configured: plain status never showed the running tier, metrics
+    labelled it tier="leaf", Risk left out that 256 is not validated on hardware."""
+    root = str(sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142",
+                                         stats=sparkroot.stats_text(tier="256")))
+    _, text, _ = cli("--root", root, "status")
+    rows = first(text)
+    assert rows["nvidia-uvm"] == "ours (loaded, tier 256; configured: leaf)", rows
+    assert "tier 256 is not validated on hardware" in rows["Risk"], rows
+    _, metrics, _ = cli("--root", root, "metrics")
+    assert re.search(r'^spark_memsaver_info\{[^}]*tier="256"', metrics, re.M), metrics
+    assert 'tier="leaf"' not in metrics
+
+
+def test_risk_comes_from_the_qualification_of_the_exact_tree(tmp_path):
+    """The fixture's driver tree has hooked files that differ from the manifest's record: -v said 'untested',
+    Risk said 'compile- and qemu-verified'."""
+    root = str(sparkroot.make_spark_root(tmp_path / "r"))
+    _, verbose, _ = cli("--root", root, "status", "--verbose")
+    rows = first(verbose)
+    assert "580.142: untested" in rows["Driver sources"], rows
+    assert "qemu-verified" not in rows["Risk"] and "driver 580.142's tree: untested" in rows["Risk"], rows
+    assert "hooked files drifted" in rows["Risk"], rows
+
+
+def test_built_says_next_install_as_its_dry_run_plans(tmp_path):
+    """A build of ours that is not installed: 'Next: nothing to do' while 'install --dry-run' planned the install
+    (and 'reconcile --dry-run' said there was no build of our module)."""
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    add_dkms_build(root, K, "580.142", installed=False)
+    _, doc, _ = cli("--root", str(root), "status", "--json")
+    doc = json.loads(doc)
+    assert doc["state"] == "built", doc["state"]
+    _, text, _ = cli("--root", str(root), "status")
+    assert first(text)["Next"].startswith("Run 'sudo spark-memsaver install'"), text
+    code, plan, err = cli("--root", str(root), "install", "--dry-run", "--json")
+    plan = json.loads(plan)
+    assert code == 0 and plan["steps"][0]["action"] == "build" and plan["steps"][0]["reason"].startswith("reuse"), plan
+    _, rec, _ = cli("--root", str(root), "reconcile", "--dry-run", "--json")
+    reasons = [s["reason"] for s in json.loads(rec)["steps"] if s["kernel"] == K]
+    assert reasons and all("no build of our module" not in r for r in reasons), reasons
+
+
+def test_activate_dry_run_on_an_inactive_node_does_not_say_active(tmp_path):
+    """Ours loaded with uvm_pt_pack=0 (state inactive): 'activate --dry-run' printed 'active: ...'."""
+    root = str(sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142",
+                                         stats=sparkroot.stats_text(tier="off", packed=0, t256=0, t4k=0)))
+    _, doc, _ = cli("--root", root, "status", "--json")
+    assert json.loads(doc)["state"] == "inactive"
+    code, out, _ = cli("--root", root, "activate", "--dry-run")
+    assert not out.startswith("active:") and "packing nothing" in out, out
+
+
+def _as_nobody(*args):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    kw = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    return subprocess.run([sys.executable, "-m", "spark_memsaver", *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd="/", **kw)
+
+
+def test_reconcile_without_root_is_not_permitted():
+    """'spark-memsaver reconcile' by a user on the live system went on to the lock directory and ended as
+    error[internal-error], exit 3 (every other mutating command refuses with not-permitted, exit 1)."""
+    r = _as_nobody("reconcile")
+    assert r.returncode == 1 and "error[not-permitted]" in r.stderr and "internal" not in r.stderr, r.stderr
+    assert "sudo spark-memsaver reconcile" in r.stderr
