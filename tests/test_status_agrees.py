@@ -94,3 +94,15 @@ def test_reconcile_without_root_is_not_permitted():
     r = _as_nobody("reconcile")
     assert r.returncode == 1 and "error[not-permitted]" in r.stderr and "internal" not in r.stderr, r.stderr
     assert "sudo spark-memsaver reconcile" in r.stderr
+
+
+def test_remove_plans_the_reload_it_does(tmp_path):
+    """Ours loaded: remove's plan had no reload step (rollback's has one, and reloads), and status then asked
+    for 'modprobe -r ... &&' by hand. The plan names it and the run does it (act/steps.reload_uvm: here, under
+    a root prefix, it is skipped and the result says so)."""
+    root = str(sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142"))
+    _, plan, _ = cli("--root", root, "remove", "--dry-run", "--json")
+    assert [s["action"] for s in json.loads(plan)["steps"]][-1] == "reload-uvm", plan
+    code, done, err = cli("--root", root, "remove", "--json")
+    done = json.loads(done)
+    assert code == 0 and done["reload"] == {"ok": False, "skipped": "not the running system"}, (done, err)

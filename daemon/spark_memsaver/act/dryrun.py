@@ -49,8 +49,12 @@ def _remove_steps(host: Host, config: Config, kernel: str | None, all_kernels: b
     steps = [_step("hold", k, f"automation leaves {k or 'every kernel'} on the stock nvidia-uvm until "
                               "'sudo spark-memsaver install'")]
     have_dkms = override.has_dkms(host)
-    for kk in override.remove_targets(host, k, all_kernels):
+    kernels = override.remove_targets(host, k, all_kernels)
+    for kk in kernels:
         steps += override.remove_plan(host, kk, have_dkms)
+    if override.reloads_after(host, kernels):
+        steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused "
+                                               "(in use: at next boot)"))
     return steps
 
 

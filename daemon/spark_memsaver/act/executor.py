@@ -153,12 +153,15 @@ def _install(host, config, progress, problems, kernel=None, all_kernels=False):
 def _remove(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     _hold(host, "remove", k, "requested", problems, progress)
+    reload = st.engine_override().reloads_after(host, st.engine_override().remove_targets(host, k, all_kernels))
     with rio.safe_intent(host, "remove", k, removal=True, problems=problems, reason="requested"):
         doc = st.remove(host, config, k, progress)
         for r in doc.get("restored", []):
             if st.still_ours(host, r["kernel"]):
                 raise st.StepFailed(f"kernel {r['kernel']}: our nvidia-uvm is still selected after removal")
             rio.clear_build(host, r["kernel"])
+    if reload:     # ours loaded: the stock module takes its place now where /dev/nvidia-uvm is unused (as rollback)
+        doc["reload"] = st.reload_uvm(host, progress)
     return doc
 
 

@@ -138,6 +138,14 @@ def remove_targets(host: Host, kernel: str | None, all_kernels: bool) -> list[st
     return sorted(ks)
 
 
+def reloads_after(host: Host, kernels: list[str]) -> bool:
+    """Whether taking ours away from ``kernels`` ends with reloading nvidia-uvm: ours is loaded and the running
+    kernel is one of them (act/executor._remove runs act/steps.reload_uvm; the dry run plans "reload-uvm")."""
+    from spark_memsaver.observe.snapshot import observe_uvm
+    uvm = observe_uvm(host)
+    return bool(uvm.get("loaded") and uvm.get("patched")) and running_kernel(host) in kernels
+
+
 def _leftovers(host: Host, kernel: str) -> list[str]:
     """Copies of ours at our install path that DKMS does not account for (installed by hand, DKMS's tree lost):
     those restore_stock takes away (decide/ours.built_here, the same owner)."""

@@ -242,4 +242,9 @@ def register(cli) -> None:
                     for r in doc["restored"]]
             for ln in kernel_table(rows) if rows else ["nothing of ours was found on any kernel"]:
                 click.echo(ln)
+            r = doc.get("reload")
+            if r:
+                click.echo("nvidia-uvm reloaded: the stock module is loaded" if r.get("ok") else
+                           f"nvidia-uvm not reloaded ({r.get('skipped') or r.get('error')}): ours stays loaded until "
+                           "nvidia-uvm is reloaded or the node reboots")
         return 0
