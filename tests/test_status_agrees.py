@@ -106,3 +106,32 @@ def test_remove_plans_the_reload_it_does(tmp_path):
     code, done, err = cli("--root", root, "remove", "--json")
     done = json.loads(done)
     assert code == 0 and done["reload"] == {"ok": False, "skipped": "not the running system"}, (done, err)
+
+
+def _agreement(root: str) -> tuple[dict, str, int, str]:
+    _, doc, _ = cli("--root", root, "status", "--json")
+    _, text, _ = cli("--root", root, "status")
+    q, _, _ = cli("--root", root, "status", "--quiet")
+    _, metrics, _ = cli("--root", root, "metrics")
+    return json.loads(doc), text, q, metrics
+
+
+def test_an_unreadable_hold_is_set_aside_by_the_reconcile_its_remedy_names(tmp_path):
+    """holds/all.json not valid JSON: the remedy said 'run reconcile', which never set it aside (the Hold line
+    said held, metrics said held 0, -q stayed 1 for ever). Now metrics say held by "unreadable" while it is
+    there; reconcile sets it aside and keeps the administrator's hold in a readable record."""
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    sparkroot.write(root, "/var/lib/spark-memsaver/holds/all.json", "{not json")
+    doc, text, q, metrics = _agreement(str(root))
+    assert doc["hold"] and first(text).get("Hold"), text
+    assert 'spark_memsaver_held{by="unreadable"} 1' in metrics, metrics
+    assert q == 1 and any(f["code"] == "record-quarantined" for f in doc["findings"])
+    code, out, err = cli("--root", str(root), "reconcile")
+    assert code == 0, (out, err)
+    assert list((root / "var/lib/spark-memsaver/holds").glob("all.json.bad-*")), out
+    doc, text, q, metrics = _agreement(str(root))
+    assert doc["hold"]["by"] == "remove" and doc["hold"]["kernel"] is None, doc["hold"]
+    assert 'spark_memsaver_held{by="remove"} 1' in metrics and 'spark_memsaver_held{by="unreadable"} 0' in metrics
+    assert q == 0 and not any(f["code"] == "record-quarantined" for f in doc["findings"]), doc["findings"]
+    _, plan, _ = cli("--root", str(root), "reconcile", "--dry-run", "--json")
+    assert [s["action"] for s in json.loads(plan)["steps"]] == ["held"], plan

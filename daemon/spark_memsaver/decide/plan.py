@@ -89,10 +89,12 @@ def _intent_steps(snap, alive_pids: set[int] | None) -> tuple[list[Step], set[st
         steps.append(Step("drop-record", path=path,
                           reason="record is not valid JSON; it is set aside and state re-derived from the system"))
     for q in records.quarantined:     # read but not trusted (host/records.py): set aside now
-        if isinstance(q, dict) and q.get("path") and not q.get("moved_to") and q.get("kind") != "hold":
+        if isinstance(q, dict) and q.get("path") and not q.get("moved_to"):
             steps.append(Step("drop-record", path=q["path"], code=q.get("kind"),
                               reason=f"record is not trusted ({q.get('reason')}); it is set aside and state "
-                              "re-derived from the system"))
+                              "re-derived from the system" if q.get("kind") != "hold" else
+                              f"hold record is not readable ({q.get('reason')}); it is set aside and a readable "
+                              "hold of the same kernel(s) takes its place (the administrator's hold is kept)"))
     for it in sorted(records.intents, key=lambda r: str(r.get("started", ""))):
         iid = it.get("id") or f"{it.get('op')}-{it.get('kernel') or 'all'}"
         op, kern = it.get("op"), it.get("kernel")

@@ -50,7 +50,8 @@ def _hold(w) -> dict | None:
     if not h:
         return None
     return {"by": h.get("by"), "since": h.get("since"), "kernel": h.get("kernel"), "reason": h.get("reason"),
-            "text": holds.describe(h, k, k), "resume": holds.resume_command(h, k, k)}
+            "text": holds.describe(h, k, k), "resume": holds.resume_command(h, k, k),
+            **({"unreadable": h["unreadable"]} if h.get("unreadable") else {})}
 
 
 def build_document(w, verdict: Verdict, config: Config, identity: dict | None = None) -> dict:

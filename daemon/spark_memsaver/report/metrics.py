@@ -20,7 +20,7 @@ STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
 SECURE_BOOT_STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete",
                       "blocked", "unknown")
 SEVERITIES = ("info", "warning", "error")
-HOLD_ORIGINS = ("rollback", "remove")      # host/holds.py BY
+HOLD_ORIGINS = ("rollback", "remove", "unreadable")   # host/holds.py BY, and decide/hold.UNREADABLE
 
 
 def _label(value) -> str:

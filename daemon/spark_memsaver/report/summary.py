@@ -108,7 +108,7 @@ def _held_step(doc: dict, findings: list) -> str | None:
     from spark_memsaver import remedy as rm
     from spark_memsaver.decide import hold as holds
     hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
-    why = f" ({holds.origin(hold)})" if hold else ""
+    why = f" ({holds.origin(hold)})" if hold and not hold.get("unreadable") else ""
     return f"{rm.run(held['remedy'].strip())} to resume packing{why}."
 
 
