@@ -56,7 +56,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
             done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
     reload = None
     uvm = snap.uvm
-    if uvm.loaded and ours.is_ours(uvm) and host.is_live:
-        reload = st.reload_uvm(host, progress)
+    if targets and uvm.loaded and ours.is_ours(uvm):     # the step its dry run plans (act/dryrun.py); reload_uvm
+        reload = st.reload_uvm(host, progress)      # itself skips it, and says so, under a root prefix
     return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
             "nothing_to_do": not targets}
