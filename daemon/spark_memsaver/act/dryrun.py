@@ -87,13 +87,18 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
         from spark_memsaver.act import rollback as rb
         from spark_memsaver import world
         snap = world.snapshot(host, config)
-        for k in rb._targets(snap, kernel):
+        targets = rb._targets(snap, kernel)
+        for k in targets:
             steps += [_step("remove", k.release, "take our nvidia-uvm away; the stock one is selected"),
                       _step("record", k.release, f"rollback record: {args.get('reason') or 'requested'} "
                                                     "(automation never undoes it; 'install' does)")]
-        uvm = snap.uvm
-        if steps and uvm.loaded and is_ours(uvm):
+        if rb.reloads(snap, targets):         # act/rollback.rollback's own rule
             steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
     else:
         raise ValueError(op)
-    return {"dry_run": True, "op": op, "steps": steps, "skipped": skipped, "ok": True}
+    # what executor.perform recovers first (an interrupted operation, a record to set aside): the run does it
+    # before the steps above, which are planned from the node as it is now
+    from spark_memsaver.act import executor
+    first = [s.to_dict() for s in executor.recovery_steps(executor.plan_now(host, config, rebuild=False)[2])]
+    return {"dry_run": True, "op": op, "steps": first + steps, "skipped": skipped, "ok": True,
+            **({"recovery": len(first)} if first else {})}

@@ -96,9 +96,14 @@ def recover(host: Host, config: Config, progress, problems: list, seen: dict | N
     snap, support, steps = plan_now(host, config, rebuild=False)
     if seen is not None:
         seen["snap"] = snap
-    todo = [s for s in steps if s.action in ("undo-intent", "finish-intent", "clear-intent", "drop-record",
-                                             "reload-uvm") and (s.intent or s.path)]
+    todo = recovery_steps(steps)
     return st.execute(host, config, todo, snap, progress, problems) if todo else []
+
+
+def recovery_steps(steps: list) -> list:
+    """The steps of a plan that every operation runs first (:func:`recover`; a dry run lists them first too)."""
+    return [s for s in steps if s.action in ("undo-intent", "finish-intent", "clear-intent", "drop-record",
+                                             "reload-uvm") and (s.intent or s.path)]
 
 
 # --- the ops -----------------------------------------------------------------------------------

@@ -30,6 +30,15 @@ def _targets(snap, kernel: str | None) -> list:
                  or any(b.kernel == k.release and b.installed for r in regs for b in r.builds))]
 
 
+def reloads(snap, targets: list) -> bool:
+    """Rollback ends with reloading nvidia-uvm when ours is loaded and it took ours away from a kernel, or ours is
+    loaded beside another driver's nvidia (then there may be nothing selected to take away)."""
+    from spark_memsaver.decide import ours
+    uvm = snap.uvm
+    return bool(uvm.loaded and uvm.patched) and (bool(targets) or ours.loaded_mismatch(
+        uvm, rc.base_version(snap.driver.loaded_version)))
+
+
 def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,
              kernel: str | None = None, code: str = "requested", remedy: str = "",
              problems: list | None = None) -> dict:
@@ -56,7 +65,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
             done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
     reload = None
     uvm = snap.uvm
-    if targets and uvm.loaded and ours.is_ours(uvm):     # the step its dry run plans (act/dryrun.py); reload_uvm
-        reload = st.reload_uvm(host, progress)      # itself skips it, and says so, under a root prefix
+    if reloads(snap, targets):         # the step its dry run plans (act/dryrun.py); reload_uvm itself skips it,
+        reload = st.reload_uvm(host, progress)      # and says so, under a root prefix
     return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
             "nothing_to_do": not targets}

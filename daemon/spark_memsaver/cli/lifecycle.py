@@ -168,6 +168,9 @@ def register(root) -> None:
         lines = ["nothing to roll back: the stock nvidia-uvm is selected"] if doc["nothing_to_do"] else \
             [f"{d['kernel']}: {'stock selected' if d['ok'] else 'FAILED: ' + d['error']['message']}"
              for d in doc["kernels"]]
+        r = doc.get("reload")
+        if r:
+            lines.append("nvidia-uvm reloaded" if r.get("ok") else f"nvidia-uvm not reloaded: {r.get('skipped') or r.get('error')}")
         _emit(doc, as_json, lines)
         return 0 if doc["ok"] else EXIT_FAILED
 

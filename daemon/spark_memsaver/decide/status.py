@@ -338,9 +338,11 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
     #    administrator's rollback/remove (decide/hold.py): then nothing brings the patch back by itself.
     hold = holds.held(records, rk) if rk else None
     if hold and not ours_selected:
+        resume = holds.resume_command(hold, rk, rk)
+        if decision is not None and decision["missing"]:    # the install that resumes would be refused: first this
+            resume = f"{decision['missing'][0]['remedy'].rstrip('.')}; then '{resume}'"
         f.append(Finding("held", "info", f"Kernel {rk} is {holds.describe(hold, rk, rk)}: spark-memsaverd and "
-                         "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.",
-                         holds.resume_command(hold, rk, rk), rk))
+                         "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.", resume, rk))
     rollbacks = records.rollbacks
     if rollbacks and not ours_selected:
         last = sorted(rollbacks, key=lambda r: str(r.get("time", "")))[-1]
@@ -367,7 +369,14 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
             return Verdict("unverified", f)
         if any(x.code in ("ours-load-failed", "mok-not-trusted-by-kernel") for x in f):
             return Verdict("needs-attention", f)
-        if uvm.loaded:
+        if uvm.loaded and snap.holders:     # activate waits for them (its dry run says so): a person's step first
+            users = ", ".join(f"{h.comm}[{h.pid}]" for h in snap.holders)
+            f.append(Finding("activation-pending", "info",
+                             "Our nvidia-uvm is installed but the stock module is still loaded, and in use.",
+                             f"Stop the CUDA work holding /dev/nvidia-uvm ({users}), then "
+                             f"{rm.run('spark-memsaver activate')[:1].lower()}{rm.run('spark-memsaver activate')[1:]}"
+                             "; or reboot."))
+        elif uvm.loaded:
             f.append(Finding("activation-pending", "info",
                              "Our nvidia-uvm is installed but the stock module is still loaded.",
                              f"{rm.run('spark-memsaver activate')} (needs /dev/nvidia-uvm unused), or reboot."))

@@ -109,7 +109,10 @@ def _held_step(doc: dict, findings: list) -> str | None:
     from spark_memsaver.decide import hold as holds
     hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
     why = f" ({holds.origin(hold)})" if hold and not hold.get("unreadable") else ""
-    return f"{rm.run(held['remedy'].strip())} to resume packing{why}."
+    remedy = held["remedy"].strip()
+    if "'" in remedy:           # what install needs first, then the install (decide/status.py): said as it is
+        return f"{remedy} to resume packing{why}."
+    return f"{rm.run(remedy)} to resume packing{why}."
 
 
 def next_step(doc: dict) -> str | None:
