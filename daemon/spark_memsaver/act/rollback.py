@@ -31,12 +31,14 @@ def _targets(snap, kernel: str | None) -> list:
 
 
 def reloads(snap, targets: list) -> bool:
-    """Rollback ends with reloading nvidia-uvm when ours is loaded and it took ours away from a kernel, or ours is
-    loaded beside another driver's nvidia (then there may be nothing selected to take away)."""
+    """Rollback ends with reloading nvidia-uvm when ours is loaded and either it took ours away from a kernel or
+    the running kernel selects another nvidia-uvm already (ours loaded beside another driver, or removed while
+    in use): then there is nothing selected to take away, and the reload is what goes back to stock."""
     from spark_memsaver.decide import ours
     uvm = snap.uvm
-    return bool(uvm.loaded and uvm.patched) and (bool(targets) or ours.loaded_mismatch(
-        uvm, rc.base_version(snap.driver.loaded_version)))
+    running = next((k for k in snap.kernels if k.running), None)
+    return bool(uvm.loaded and uvm.patched) and (bool(targets) or running is None
+                                                  or not ours.is_ours(running.uvm_selected))
 
 
 def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,

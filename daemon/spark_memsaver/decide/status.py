@@ -131,6 +131,15 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
             f"first ({names}); each says how.")
 
 
+def needs_first(decision: dict | None, remedy: str, joint: str = "then:") -> str:
+    """``remedy`` as it stands, or -- when it starts with an install or build that would be refused for the
+    running kernel now (decide/installability.py) -- the missing piece's own remedy first."""
+    first = (rm.commands_in(remedy) or [""])[0]
+    if decision is None or not decision["missing"] or not re.search(r"spark-memsaver (install|build)\b", first):
+        return remedy
+    return f"{decision['missing'][0]['remedy'].rstrip('.')}; {joint} {remedy[:1].lower()}{remedy[1:]}"
+
+
 def secure_boot_findings(snap, sb: dict, sb_state: str) -> list[Finding]:
     """ours-load-failed (the guard's last refusal in this boot, while ours is not loaded) and
     mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings) and
@@ -254,8 +263,8 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
                          "a module we sign will not load until the key is enrolled.",
-                         sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the "
-                         "console on next boot."))
+                         needs_first(decision, sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm "
+                                     "the key at the console on next boot.")))
 
     # 4b. The kernel refused our module at the last load (the guard loaded stock) or does not trust our key.
     f.extend(secure_boot_findings(snap, sb, sb_state))
@@ -340,7 +349,7 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
     if hold and not ours_selected:
         resume = holds.resume_command(hold, rk, rk)
         if decision is not None and decision["missing"]:    # the install that resumes would be refused: first this
-            resume = f"{decision['missing'][0]['remedy'].rstrip('.')}; then '{resume}'"
+            resume = needs_first(decision, f"'{resume}'", "then")
         f.append(Finding("held", "info", f"Kernel {rk} is {holds.describe(hold, rk, rk)}: spark-memsaverd and "
                          "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.", resume, rk))
     rollbacks = records.rollbacks
