@@ -199,7 +199,8 @@ def test_metrics_exposition_is_exactly_the_documented_one():
         + _family("rollback_records", "gauge", "Rollback records kept now (kernels rolled back to the stock nvidia-uvm; "
                   "goes down when one is undone): a count of records, not of rollbacks ever.", " 2")
         + _family("held", "gauge", "1 when the administrator's rollback/remove holds the running kernel on stock "
-                  "(until `spark-memsaver install`), by origin; else 0.", '{by="rollback"} 0', '{by="remove"} 1')
+                  "(until `spark-memsaver install`), by origin; else 0.", '{by="rollback"} 0', '{by="remove"} 1',
+                  '{by="unreadable"} 0')
         + _family("held_since_seconds", "gauge", "Unix time the running kernel's hold was recorded; 0 if none.",
                   " 1796169600")
         + _family("last_operation_timestamp_seconds", "gauge", "Unix time of the last finished operation of each "

@@ -37,7 +37,7 @@ from spark_memsaver import exitcodes, remedy as rm
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide.packing import running_tier, tier_of
 from spark_memsaver.report.summary import next_step
-from tests.support import statespace as ss
+from tests.support import needs, statespace as ss
 from tests.support.cliparse import parse, split
 from tests.support.inproc import cli
 
@@ -276,6 +276,7 @@ MUTATING = (("install",), ("install", "--all"), ("build",), ("remove",), ("remov
 
 
 def test_state_space(tmp_path, monkeypatch):
+    needs.require("gcc", "depmod", "openssl", "dkms")
     rng = random.Random(SEED)
     bases = ss.make_bases(tmp_path / "bases")
     states = ss.sample(rng, N)

@@ -98,7 +98,7 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
         raise ValueError(op)
     # what executor.perform recovers first (an interrupted operation, a record to set aside): the run does it
     # before the steps above, which are planned from the node as it is now
-    from spark_memsaver.act import executor
-    first = [s.to_dict() for s in executor.recovery_steps(executor.plan_now(host, config, rebuild=False)[2])]
+    from spark_memsaver.act import recovery
+    first = [s.to_dict() for s in recovery.recovery_steps(recovery.plan_now(host, config, rebuild=False)[2])]
     return {"dry_run": True, "op": op, "steps": first + steps, "skipped": skipped, "ok": True,
             **({"recovery": len(first)} if first else {})}
