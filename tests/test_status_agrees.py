@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import sparkroot
 from tests.support.inproc import cli
 from tests.support.statespace import add_dkms_build
@@ -27,7 +29,7 @@ def first(text: str) -> dict:
     return rows
 
 
-def test_the_running_tier_is_what_status_metrics_and_risk_say(tmp_path):
+def test_the_running_tier_is_what_status_metrics_and_risk_say(tmp_path, bases):
     """Ours packing tier 256 with 'tier: leaf' configured: plain status never showed the running tier, metrics
     labelled it tier="leaf", Risk left out that 256 is not validated on hardware."""
     root = str(sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142",
@@ -41,7 +43,7 @@ def test_the_running_tier_is_what_status_metrics_and_risk_say(tmp_path):
     assert 'tier="leaf"' not in metrics
 
 
-def test_risk_comes_from_the_qualification_of_the_exact_tree(tmp_path):
+def test_risk_comes_from_the_qualification_of_the_exact_tree(tmp_path, bases):
     """The fixture's driver tree has hooked files that differ from the manifest's record: -v said 'untested',
     Risk said 'compile- and qemu-verified'."""
     root = str(sparkroot.make_spark_root(tmp_path / "r"))
@@ -52,7 +54,7 @@ def test_risk_comes_from_the_qualification_of_the_exact_tree(tmp_path):
     assert "hooked files drifted" in rows["Risk"], rows
 
 
-def test_built_says_next_install_as_its_dry_run_plans(tmp_path):
+def test_built_says_next_install_as_its_dry_run_plans(tmp_path, bases):
     """A build of ours that is not installed: 'Next: nothing to do' while 'install --dry-run' planned the install
     (and 'reconcile --dry-run' said there was no build of our module)."""
     root = sparkroot.make_spark_root(tmp_path / "r")
@@ -70,7 +72,7 @@ def test_built_says_next_install_as_its_dry_run_plans(tmp_path):
     assert reasons and all("no build of our module" not in r for r in reasons), reasons
 
 
-def test_activate_dry_run_on_an_inactive_node_does_not_say_active(tmp_path):
+def test_activate_dry_run_on_an_inactive_node_does_not_say_active(tmp_path, bases):
     """Ours loaded with uvm_pt_pack=0 (state inactive): 'activate --dry-run' printed 'active: ...'."""
     root = str(sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142",
                                          stats=sparkroot.stats_text(tier="off", packed=0, t256=0, t4k=0)))
@@ -96,7 +98,7 @@ def test_reconcile_without_root_is_not_permitted():
     assert "sudo spark-memsaver reconcile" in r.stderr
 
 
-def test_remove_plans_the_reload_it_does(tmp_path):
+def test_remove_plans_the_reload_it_does(tmp_path, bases):
     """Ours loaded: remove's plan had no reload step (rollback's has one, and reloads), and status then asked
     for 'modprobe -r ... &&' by hand. The plan names it and the run does it (act/steps.reload_uvm: here, under
     a root prefix, it is skipped and the result says so)."""
@@ -116,7 +118,7 @@ def _agreement(root: str) -> tuple[dict, str, int, str]:
     return json.loads(doc), text, q, metrics
 
 
-def test_an_unreadable_hold_is_set_aside_by_the_reconcile_its_remedy_names(tmp_path):
+def test_an_unreadable_hold_is_set_aside_by_the_reconcile_its_remedy_names(tmp_path, bases):
     """holds/all.json not valid JSON: the remedy said 'run reconcile', which never set it aside (the Hold line
     said held, metrics said held 0, -q stayed 1 for ever). Now metrics say held by "unreadable" while it is
     there; reconcile sets it aside and keeps the administrator's hold in a readable record."""
@@ -135,3 +137,71 @@ def test_an_unreadable_hold_is_set_aside_by_the_reconcile_its_remedy_names(tmp_p
     assert q == 0 and not any(f["code"] == "record-quarantined" for f in doc["findings"]), doc["findings"]
     _, plan, _ = cli("--root", str(root), "reconcile", "--dry-run", "--json")
     assert [s["action"] for s in json.loads(plan)["steps"]] == ["held"], plan
+
+
+# --- found by tests/test_state_space.py ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    from tests.support import statespace as ss
+    return ss.make_bases(tmp_path_factory.mktemp("bases"))
+
+
+def _state(tmp_path, bases, **dims):
+    from tests.support import statespace as ss
+    st = {n: v[0] for n, v in ss.DIMS}
+    st.update(dims)
+    return str(ss.build(st, bases, tmp_path / "node"))
+
+
+def _next(root: str) -> str:
+    from spark_memsaver.report.summary import next_step
+    _, doc, _ = cli("--root", root, "status", "--json")
+    return next_step(json.loads(doc)) or ""
+
+
+def test_a_held_node_whose_install_would_be_refused_names_the_missing_piece_first(tmp_path, bases):
+    """Held, and the driver's source gone: Next said 'Run sudo spark-memsaver install to resume', which install
+    refuses (driver-source-missing)."""
+    root = _state(tmp_path, bases, hold="kernel", source="absent")
+    nxt = _next(root)
+    assert "resume packing" in nxt and nxt.index("apt-get install") < nxt.index("spark-memsaver install"), nxt
+
+
+def test_no_key_whose_install_would_be_refused_names_the_missing_piece_first(tmp_path, bases):
+    """Secure Boot on, no key, driver source gone: mok-no-key's remedy began with 'run sudo spark-memsaver
+    install' (it makes DKMS's key), which install refuses."""
+    root = _state(tmp_path, bases, sb="on", source="absent")
+    _, doc, _ = cli("--root", root, "status", "--json")
+    f = next(f for f in json.loads(doc)["findings"] if f["code"] == "mok-no-key")
+    assert f["remedy"].index("apt-get install") < f["remedy"].index("spark-memsaver install"), f["remedy"]
+
+
+def test_activation_pending_while_in_use_says_stop_the_work_first(tmp_path, bases):
+    """Installed, stock loaded and held by a CUDA process: Next said 'Run sudo spark-memsaver activate', whose dry
+    run (and run) waits for the device to be free, exit 1."""
+    root = _state(tmp_path, bases, base="ours", holders=1)
+    nxt = _next(root)
+    assert nxt.startswith("Stop the CUDA work holding /dev/nvidia-uvm (vllm-worker[4242])"), nxt
+
+
+def test_rollback_of_a_loaded_module_no_longer_selected_plans_and_records_the_reload(tmp_path, bases):
+    """Ours loaded but the stock module selected (packing-predicates-unmet: Next is rollback): rollback's dry run
+    planned nothing and the run did nothing, so following Next looped; the reload is the step."""
+    root = _state(tmp_path, bases, loaded="ours-unmet")
+    assert "spark-memsaver rollback" in _next(root)
+    _, plan, _ = cli("--root", root, "rollback", "--dry-run", "--json")
+    assert [s["action"] for s in json.loads(plan)["steps"]] == ["reload-uvm"], plan
+    _, done, _ = cli("--root", root, "rollback", "--json")
+    assert json.loads(done)["reload"] == {"ok": False, "skipped": "not the running system"}, done
+
+
+def test_a_dry_run_lists_what_the_run_recovers_first(tmp_path, bases):
+    """An interrupted remove: 'rollback --dry-run' planned to take ours away from the kernel the run's recovery
+    finishes first (the run then acted on the others only)."""
+    root = _state(tmp_path, bases, base="two-ours", intent="remove")
+    _, plan, _ = cli("--root", root, "rollback", "--dry-run", "--json")
+    plan = json.loads(plan)
+    assert plan.get("recovery") == 1 and plan["steps"][0]["action"] == "finish-intent", plan
+    _, done, _ = cli("--root", root, "rollback", "--json")
+    assert [r["action"] for r in json.loads(done)["recovered"]] == ["finish-intent"], done
