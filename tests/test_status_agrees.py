@@ -205,3 +205,13 @@ def test_a_dry_run_lists_what_the_run_recovers_first(tmp_path, bases):
     assert plan.get("recovery") == 1 and plan["steps"][0]["action"] == "finish-intent", plan
     _, done, _ = cli("--root", root, "rollback", "--json")
     assert [r["action"] for r in json.loads(done)["recovered"]] == ["finish-intent"], done
+
+
+def test_activation_pending_beside_another_running_driver_says_reboot(tmp_path, bases):
+    """Installed for the driver on disk while an older nvidia runs (found by a 2000-state run): Next said
+    'Run sudo spark-memsaver activate', which refuses ('Reboot: nvidia.ko ... loads at boot')."""
+    root = _state(tmp_path, bases, base="ours", nvidia="580.95.05")
+    nxt = _next(root)
+    assert nxt.startswith("Reboot: nvidia.ko 580.142 on disk"), nxt
+    code, _, err = cli("--root", root, "activate", "--dry-run")
+    assert code == 1 and "Reboot: nvidia.ko 580.142 on disk" in err, err

@@ -378,17 +378,9 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
             return Verdict("unverified", f)
         if any(x.code in ("ours-load-failed", "mok-not-trusted-by-kernel") for x in f):
             return Verdict("needs-attention", f)
-        if uvm.loaded and snap.holders:     # activate waits for them (its dry run says so): a person's step first
-            users = ", ".join(f"{h.comm}[{h.pid}]" for h in snap.holders)
-            f.append(Finding("activation-pending", "info",
-                             "Our nvidia-uvm is installed but the stock module is still loaded, and in use.",
-                             f"Stop the CUDA work holding /dev/nvidia-uvm ({users}), then "
-                             f"{rm.run('spark-memsaver activate')[:1].lower()}{rm.run('spark-memsaver activate')[1:]}"
-                             "; or reboot."))
-        elif uvm.loaded:
-            f.append(Finding("activation-pending", "info",
-                             "Our nvidia-uvm is installed but the stock module is still loaded.",
-                             f"{rm.run('spark-memsaver activate')} (needs /dev/nvidia-uvm unused), or reboot."))
+        if uvm.loaded:      # what activate would do (decide/activation.py): its refusals are not a Next
+            from spark_memsaver.decide import activation
+            f.append(Finding("activation-pending", "info", *activation.pending(snap, running)))
         return Verdict("installed", f)
     if any(b.built for r in snap.dkms.registrations for b in r.builds):
         # built, not installed: install's dry run plans the install (it reuses the build), so Next says it
