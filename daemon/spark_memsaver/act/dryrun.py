@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from spark_memsaver.act import installable
 from spark_memsaver.config import Config
-from spark_memsaver.decide.ours import is_ours
 from spark_memsaver.host import Host
 
 
