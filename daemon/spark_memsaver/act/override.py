@@ -143,7 +143,7 @@ def reloads_after(host: Host, kernels: list[str]) -> bool:
     kernel is one of them (act/executor._remove runs act/steps.reload_uvm; the dry run plans "reload-uvm")."""
     from spark_memsaver.observe.snapshot import observe_uvm
     uvm = observe_uvm(host)
-    return bool(uvm.get("loaded") and uvm.get("patched")) and running_kernel(host) in kernels
+    return bool(uvm.get("loaded") and is_ours(uvm)) and running_kernel(host) in kernels
 
 
 def _leftovers(host: Host, kernel: str) -> list[str]:
