@@ -57,7 +57,8 @@ def test_first_screen_order_and_content(roots, state):
     assert rows["State"] == state
     assert "not yet run on a GB10" in rows["Risk"] and "sudo spark-memsaver validate" in rows["Risk"]
     if state in ("active", "unverified"):      # ours is loaded and packing in both: measured
-        assert re.match(r"\d+\.\d\d GiB saved now \(measured", rows["Gain"]), rows
+        assert re.match(r"page-table backing saved now: \d+\.\d\d GiB \(measured", rows["Gain"]), rows
+        assert "usable memory gained: about" in rows["Gain"] and "not measured here" in rows["Gain"], rows
     if state == "active":
         assert "sudo spark-memsaver validate" in rows["Next"]
     if state in ("stock", "rolled-back"):
@@ -119,7 +120,7 @@ def test_inactive_node_gains_nothing_now_and_is_not_sent_to_validate(tmp_path, w
     rows = first(status(root))
     assert rows["State"] == "inactive", rows
     assert "saved now" not in rows["Gain"] and "nothing now" in rows["Gain"] and "estimate" in rows["Gain"], rows
-    assert "validate" not in rows["Next"] and "validated" not in rows["Risk"], rows
+    assert "validate" not in rows["Next"] and "validated on this node" not in rows["Risk"], rows
     finding = "packing-disabled" if why == "disabled" else "packing-predicates-unmet"
     import json
     doc = json.loads(status(root, "--json"))

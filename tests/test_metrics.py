@@ -35,7 +35,9 @@ def one(series, name, **labels):
 
 
 def test_active_spark_node(tmp_path):
-    root = sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142")
+    # ours runs tier leaf (its counters say so): the tier label is the running tier (tests/test_status_agrees.py)
+    root = sparkroot.make_spark_root(tmp_path / "r", uvm_loaded="ours", ours_installed="580.142",
+                                     stats=sparkroot.stats_text(tier="leaf"))
     text = metrics("--root", str(root))
     check_exposition(text)
     s = parse_exposition(text)

@@ -124,7 +124,7 @@ def sample_textfile(state="active", sb="enrolled", driver="580.95.05", kernel="6
         "spark_memsaver_secure_boot_state": [(f'state="{s}"', int(s == sb)) for s in SB_STATES],
         "spark_memsaver_mok_pending_since_seconds": [("", mok_since)],
         "spark_memsaver_rollback_records": [("", rollbacks)],
-        "spark_memsaver_held": [(f'by="{b}"', int(b == held)) for b in ("rollback", "remove")],
+        "spark_memsaver_held": [(f'by="{b}"', int(b == held)) for b in ("rollback", "remove", "unreadable")],
         "spark_memsaver_held_since_seconds": [("", 0)],
         "spark_memsaver_findings": [(f'severity="{s}"', n) for s, n in zip(SEVERITIES, findings)],
         "spark_memsaver_last_sample_timestamp_seconds": [("", round(now, 3))],

@@ -27,14 +27,15 @@ def test_gain_measured_estimated_or_nothing():
     """Gain: measured while ours packs (saved, backing, stock equivalent, two decimals of GiB), an estimate with
     its basis otherwise, 'nothing measurable' on small pages, nothing on a node it does not apply to (kills:
     each branch's test and wording, the GiB format)."""
-    assert summary.gain(_doc(saved=GIB)) == ("1.00 GiB saved now (measured: page-table backing 0.25 GiB instead of "
-                                             "1.25 GiB)")
+    usable = ("usable memory gained: about 1.8 GiB (estimate from the seed project's measurement on a serving GB10 "
+              "node: page-table backing 3.25 -> 0.22 GiB)")
+    assert summary.gain(_doc(saved=GIB)) == ("page-table backing saved now: 1.00 GiB (measured: 0.25 GiB instead of "
+                                             "1.25 GiB); " + usable + ", not measured here")
     d = _doc(saved=GIB)
     del d["memory"]["pagetable_stock_equivalent"]
-    assert summary.gain(d) == "1.00 GiB saved now (measured: page-table backing 0.25 GiB instead of 0.00 GiB)"
-    assert summary.gain(_doc(saved=0)).startswith("0.00 GiB saved now")        # measured zero is measured
-    est = ("about 1.8 GiB of usable memory (estimate from the seed project's measurement on a serving GB10 node: "
-           "page-table backing 3.25 -> 0.22 GiB); measured here once active")
+    assert summary.gain(d).startswith("page-table backing saved now: 1.00 GiB (measured: 0.25 GiB instead of 0.00 GiB)")
+    assert summary.gain(_doc(saved=0)).startswith("page-table backing saved now: 0.00 GiB")   # measured zero is measured
+    est = usable + "; page-table backing saved: measured here once active"
     assert summary.gain(_doc("stock")) == est
     assert summary.gain(_doc("stock", host={})) == est                        # page size unknown
     assert summary.gain(_doc("stock", host={"page_size": 4096})) == \
@@ -49,9 +50,9 @@ def test_gain_of_an_inactive_node_is_nothing_now():
     the estimate once it packs; on small pages still 'nothing measurable' (kills: the inactive rule and its
     wording)."""
     assert summary.gain(_doc("inactive", saved=0)) == (
-        "nothing now: our nvidia-uvm is loaded but packs nothing (the finding below says why); about 1.8 GiB once "
-        "it packs (estimate from the seed project's measurement on a serving GB10 node: page-table backing 3.25 -> "
-        "0.22 GiB)")
+        "nothing now: our nvidia-uvm is loaded but packs nothing (the finding below says why); once it packs, usable "
+        "memory gained: about 1.8 GiB (estimate from the seed project's measurement on a serving GB10 node: "
+        "page-table backing 3.25 -> 0.22 GiB)")
     assert summary.gain(_doc("inactive", host={"page_size": 4096})).startswith("nothing measurable")
     assert summary.next_step(_doc("inactive", saved=0)) is None        # nothing to validate while it packs nothing
 
@@ -64,14 +65,14 @@ def test_risk_says_what_is_proven():
     assert summary.risk(_doc(saved=GIB, records=passed)) == "validated on this node (2026-12-01T10:00:00Z)"
     assert summary.risk(_doc(saved=GIB, records={"last_validation": {"outcome": "passed"}})) == \
         "validated on this node (time not recorded)"
-    not_yet = ("this package has not yet run on a GB10 and this node has not been validated: run "
-               "'sudo spark-memsaver validate'")
+    not_yet = ("this package has not yet run on a GB10 (no NVIDIA driver here to qualify) and this node has not "
+               "been validated: run 'sudo spark-memsaver validate'")
     assert summary.risk(_doc(saved=GIB)) == not_yet
     assert summary.risk(_doc(saved=GIB, records={"last_validation": {"outcome": "failed",
                                                                      "finished_at": "x"}})) == not_yet
     assert summary.risk(_doc(saved=GIB, records={"last_validation": "passed"})) == not_yet
     assert summary.risk(_doc("stock", records=passed)) == (
-        "this package has not yet run on a GB10 (compile- and qemu-verified); once active, run "
+        "this package has not yet run on a GB10 (no NVIDIA driver here to qualify); once active, run "
         "'sudo spark-memsaver validate'")
     assert summary.risk(_doc(saved=GIB, config={"tier": "256"})) == not_yet + \
         "; tier 256 is not validated on hardware"
@@ -198,7 +199,8 @@ def test_metrics_exposition_is_exactly_the_documented_one():
         + _family("rollback_records", "gauge", "Rollback records kept now (kernels rolled back to the stock nvidia-uvm; "
                   "goes down when one is undone): a count of records, not of rollbacks ever.", " 2")
         + _family("held", "gauge", "1 when the administrator's rollback/remove holds the running kernel on stock "
-                  "(until `spark-memsaver install`), by origin; else 0.", '{by="rollback"} 0', '{by="remove"} 1')
+                  "(until `spark-memsaver install`), by origin; else 0.", '{by="rollback"} 0', '{by="remove"} 1',
+                  '{by="unreadable"} 0')
         + _family("held_since_seconds", "gauge", "Unix time the running kernel's hold was recorded; 0 if none.",
                   " 1796169600")
         + _family("last_operation_timestamp_seconds", "gauge", "Unix time of the last finished operation of each "
@@ -372,7 +374,9 @@ def _bare_doc():
 STATUS_TEXT = [
     'State:              active',
     'Hold:               held since T, by rollback',
-    'Gain:               1.00 GiB saved now (measured: page-table backing 0.25 GiB instead of 1.25 GiB)',
+    'Gain:               page-table backing saved now: 1.00 GiB (measured: 0.25 GiB instead of 1.25 GiB); usable '
+    "memory gained: about 1.8 GiB (estimate from the seed project's measurement on a serving GB10 node: page-table "
+    'backing 3.25 -> 0.22 GiB), not measured here',
     'Risk:               validated on this node (2026-12-01T10:00:00Z)',
     'Next:               do it',
     '',
@@ -411,9 +415,9 @@ STATUS_TEXT = [
 ]
 BARE_VERBOSE = [
     'State:          stock',
-    "Gain:           about 1.8 GiB of usable memory (estimate from the seed project's measurement on a serving "
-    'GB10 node: page-table backing 3.25 -> 0.22 GiB); measured here once active',
-    'Risk:           this package has not yet run on a GB10 (compile- and qemu-verified); once active, run '
+    "Gain:           usable memory gained: about 1.8 GiB (estimate from the seed project's measurement on a "
+    'serving GB10 node: page-table backing 3.25 -> 0.22 GiB); page-table backing saved: measured here once active',
+    'Risk:           this package has not yet run on a GB10 (no NVIDIA driver here to qualify); once active, run '
     "'sudo spark-memsaver validate'",
     'Next:           nothing to do',
     '',
@@ -427,9 +431,9 @@ BARE_VERBOSE = [
 ]
 BARE_TEXT = [
     'State:         stock',
-    "Gain:          about 1.8 GiB of usable memory (estimate from the seed project's measurement on a serving "
-    'GB10 node: page-table backing 3.25 -> 0.22 GiB); measured here once active',
-    'Risk:          this package has not yet run on a GB10 (compile- and qemu-verified); once active, run '
+    "Gain:          usable memory gained: about 1.8 GiB (estimate from the seed project's measurement on a "
+    'serving GB10 node: page-table backing 3.25 -> 0.22 GiB); page-table backing saved: measured here once active',
+    'Risk:          this package has not yet run on a GB10 (no NVIDIA driver here to qualify); once active, run '
     "'sudo spark-memsaver validate'",
     'Next:          nothing to do',
     '',

@@ -95,7 +95,10 @@ def activate(host: Host, config: Config, progress=None, *, uvm_device: str = UVM
                                 remedy=remedy)
     uvm = snap.uvm
     if uvm.loaded and uvm.srcversion and uvm.srcversion == sel.srcversion:
-        return {"activated": True, "already": True, "srcversion": uvm.srcversion, "path": sel.path}
+        from spark_memsaver.decide.packing import packing_active
+        # loaded is not packing: inactive (uvm_pt_pack=0, a GPU that does not qualify) is no "active"
+        return {"activated": True, "already": True, "srcversion": uvm.srcversion, "path": sel.path,
+                "packing": packing_active(uvm.as_json())}
     holders = observe.uvm_holders(proc_host or host, uvm_device)
     if holders:
         names = ", ".join(f"{h['comm']}[{h['pid']}]" for h in holders)

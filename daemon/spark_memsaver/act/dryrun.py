@@ -1,7 +1,8 @@
 """--dry-run of build, install, remove and rollback: the plan the real run follows, from the same decisions.
 
 The real run (act/executor.py -> act/override.py, act/build.py, act/rollback.py) picks its kernels with
-override._target_kernels / rollback._targets and refuses with installable.require; the dry run calls those same
+installable.targets, override.remove_targets / remove_plan and rollback._targets and refuses with
+installable.require; the dry run calls those same
 functions (nothing written, no lock, no fetch), so a dry run that names a kernel is a run that acts on it, and a
 refusal is the same named error with the same remedy. Each step is ``{"action", "kernel", "reason"}``, the
 shape reconcile's plan prints.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from spark_memsaver.act import installable
 from spark_memsaver.config import Config
-from spark_memsaver.decide.ours import is_ours
 from spark_memsaver.host import Host
 
 
@@ -41,31 +41,19 @@ def _install_steps(host: Host, config: Config, kernel: str, decision: dict) -> l
 
 
 def _remove_steps(host: Host, config: Config, kernel: str | None, all_kernels: bool) -> list[dict]:
-    """act/executor._remove then act/override.remove, step for step: the hold, then per kernel what DKMS has of
-    ours (uninstall, unbuild), the stock module selected again and verified, initramfs -- or, for a kernel
-    with nothing of ours registered and no stock record, only the stock module selected again."""
+    """act/executor._remove then act/override.remove, step for step: the hold, then for each kernel the one
+    per-kernel plan (override.remove_plan) that the run executes -- the same for --kernel K and for --all."""
     from spark_memsaver.act import dkms_run, override
-    from spark_memsaver.observe.dkms import installed_version, kernels_of, registered_versions
     k = None if all_kernels else (kernel or dkms_run.running_kernel(host))     # executor._target
     steps = [_step("hold", k, f"automation leaves {k or 'every kernel'} on the stock nvidia-uvm until "
                               "'sudo spark-memsaver install'")]
-    versions = registered_versions(host)
-    if k and not any(k in kernels_of(host, v) or installed_version(host, k) for v in versions) \
-            and not override._stock_record(host, k):
-        return steps + [_step("restore-stock", k, "nothing of ours is registered: any copy of ours left goes"),
-                        _step("depmod", k, "select the stock nvidia-uvm again; verify it is selected")]
-    kernels, _ = override._target_kernels(host, config, k, all_kernels, for_remove=True)
+    have_dkms = override.has_dkms(host)
+    kernels = override.remove_targets(host, k, all_kernels)
     for kk in kernels:
-        for v in versions:
-            if installed_version(host, kk) == v:
-                steps.append(_step("uninstall", kk, f"dkms uninstall spark-memsaver-uvm/{v}"))
-            if kk in kernels_of(host, v):
-                steps.append(_step("unbuild", kk, f"dkms unbuild spark-memsaver-uvm/{v}"))
-        rec = override._stock_record(host, kk)
-        steps += [_step("restore-stock", kk, "the recorded stock nvidia-uvm back where the driver package put it, "
-                        "checked by SHA-256" if rec else "no stock record: any copy of ours left goes"),
-                  _step("depmod", kk, "select the stock nvidia-uvm again; verify it is selected"),
-                  _step("initramfs", kk, "update-initramfs -u -k " + kk)]
+        steps += override.remove_plan(host, kk, have_dkms)
+    if override.reloads_after(host, kernels):
+        steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused "
+                                               "(in use: at next boot)"))
     return steps
 
 
@@ -89,23 +77,27 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
         if released:                   # executor._install ends the administrator's hold before it acts
             steps.append(_step("release-hold", target, "the administrator's hold ends (" + ", ".join(released)
                                + "): automation may act on it again"))
-        kernels, skipped = override._target_kernels(host, config, kernel, all_kernels, for_remove=False)
-        for k in kernels:
-            d = installable.require(host, config, k, fetch=False)
-            steps += _install_steps(host, config, k, d)
+        decided, skipped = installable.targets(host, config, target, all_kernels)    # executor._install's
+        for d in decided:
+            steps += _install_steps(host, config, d["kernel"], d)
     elif op == "remove":
         steps = _remove_steps(host, config, kernel, all_kernels)
     elif op == "rollback":
         from spark_memsaver.act import rollback as rb
         from spark_memsaver import world
         snap = world.snapshot(host, config)
-        for k in rb._targets(snap, kernel):
+        targets = rb._targets(snap, kernel)
+        for k in targets:
             steps += [_step("remove", k.release, "take our nvidia-uvm away; the stock one is selected"),
                       _step("record", k.release, f"rollback record: {args.get('reason') or 'requested'} "
                                                     "(automation never undoes it; 'install' does)")]
-        uvm = snap.uvm
-        if steps and uvm.loaded and is_ours(uvm):
+        if rb.reloads(snap, targets):         # act/rollback.rollback's own rule
             steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
     else:
         raise ValueError(op)
-    return {"dry_run": True, "op": op, "steps": steps, "skipped": skipped, "ok": True}
+    # what executor.perform recovers first (an interrupted operation, a record to set aside): the run does it
+    # before the steps above, which are planned from the node as it is now
+    from spark_memsaver.act import recovery
+    first = [s.to_dict() for s in recovery.recovery_steps(recovery.plan_now(host, config, rebuild=False)[2])]
+    return {"dry_run": True, "op": op, "steps": first + steps, "skipped": skipped, "ok": True,
+            **({"recovery": len(first)} if first else {})}

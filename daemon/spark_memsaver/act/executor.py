@@ -36,6 +36,7 @@ from spark_memsaver.errors import LockTimeout, NotPermitted, UsageError
 from spark_memsaver.host import Host, holds, locks
 from spark_memsaver.observe import snapshot as observe
 from spark_memsaver import world
+from spark_memsaver.act.recovery import intent_alive, plan_now, recovery_steps  # noqa: F401  (their names here too)
 
 from spark_memsaver.opnames import EXECUTOR as OPS  # noqa: E402  (the one list of operation names)
 # toward stock: these run on the built-in defaults when the config file cannot be used (config.load_for_safety)
@@ -59,45 +60,13 @@ def locked(host: Host, wait: float = LOCK_WAIT, progress=None, purpose: str = "s
 
 # --- observation for the planner ----------------------------------------------------------------
 
-def intent_alive(rec: dict) -> bool:
-    """Does the process that wrote this intent still run? It is identified by pid AND start time
-    (/proc/PID/stat), so a recycled pid -- one a local user may occupy on purpose -- never blocks recovery,
-    and EPERM alone proves nothing (defect 12). Our own pid is never "alive": we hold the lifecycle lock, so
-    an intent of ours is left over from an earlier, failed operation of this process.
-    Rule chosen for records without a start time (written by 0.1.0), where we cannot tell by start time:
-    alive only if /proc/PID exists AND is owned by root (or by us: a fixture root's writer) AND its cmdline is
-    readable and names spark-memsaver; anything else -- unreadable (EPERM, hidepid), another user's process
-    (who can name itself anything), another program -- counts as gone, and recovery proceeds."""
-    pid = rec.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
-        return False
-    if rec.get("start_time") is not None:
-        return locks.owner_alive(pid, rec["start_time"])
-    try:
-        if os.stat(f"/proc/{pid}").st_uid not in (0, os.getuid()):
-            return False
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ")
-    except OSError:
-        return False
-    return b"spark-memsaver" in cmd or b"spark_memsaver" in cmd
-
-
-def plan_now(host: Host, config: Config, **kw) -> tuple:
-    """(world, support, plan): the planner's world (world.facts) and its plan."""
-    snap, support = installable.observe(host, config)
-    live = {r.get("pid") for r in snap.records.intents if intent_alive(r)}
-    return snap, support, rc.plan(snap, config, support, alive_pids=live, **kw)
-
-
 def recover(host: Host, config: Config, progress, problems: list, seen: dict | None = None) -> list[dict]:
     """Finish or undo what an interrupted operation left (its intent record), before acting anew. ``seen``
     receives the snapshot it planned from ("snap"): when nothing was recovered it is still the host's state."""
     snap, support, steps = plan_now(host, config, rebuild=False)
     if seen is not None:
         seen["snap"] = snap
-    todo = [s for s in steps if s.action in ("undo-intent", "finish-intent", "clear-intent", "drop-record",
-                                             "reload-uvm") and (s.intent or s.path)]
+    todo = recovery_steps(steps)
     return st.execute(host, config, todo, snap, progress, problems) if todo else []
 
 
@@ -132,13 +101,15 @@ def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progre
 def _install(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     cfgmod.refuse_invalid(config, "install")
-    if k:   # refused with status's code and remedy (decide/installability.py); fetches a missing source
-        installable.require(host, config, k, progress=st.fwd(progress))
+    # refused with status's code and remedy (decide/installability.py), per kernel for --all as for --kernel
+    decided, skipped = installable.targets(host, config, k, all_kernels)
+    installable.fetch_missing(host, config, decided, progress=st.fwd(progress))   # a missing source, fetched
     released = holds.release(host, k)        # the administrator's install ends their rollback/remove hold
     if released:
         st.say(progress, "hold released: " + ", ".join(released))
     with rio.safe_intent(host, "install", k, removal=False, problems=problems):
-        doc = st.engine_override().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress))
+        doc = st.engine_override().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress),
+                                           kernels=[d["kernel"] for d in decided], skipped=skipped)
         for r in doc.get("installed", []):
             ok, info, nv = st.ours_matches(host, r["kernel"])
             if not ok:
@@ -151,12 +122,15 @@ def _install(host, config, progress, problems, kernel=None, all_kernels=False):
 def _remove(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     _hold(host, "remove", k, "requested", problems, progress)
+    reload = st.engine_override().reloads_after(host, st.engine_override().remove_targets(host, k, all_kernels))
     with rio.safe_intent(host, "remove", k, removal=True, problems=problems, reason="requested"):
         doc = st.remove(host, config, k, progress)
         for r in doc.get("restored", []):
             if st.still_ours(host, r["kernel"]):
                 raise st.StepFailed(f"kernel {r['kernel']}: our nvidia-uvm is still selected after removal")
             rio.clear_build(host, r["kernel"])
+    if reload:     # ours loaded: the stock module takes its place now where /dev/nvidia-uvm is unused (as rollback)
+        doc["reload"] = st.reload_uvm(host, progress)
     return doc
 
 

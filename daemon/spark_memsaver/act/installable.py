@@ -66,6 +66,48 @@ def require(host: Host, config: Config, kernel: str, progress=None, ignore: tupl
     return d
 
 
+def targets(host: Host, config: Config, kernel: str | None, all_kernels: bool, ignore: tuple = ()) -> tuple[list, list]:
+    """(decisions, skipped): the kernels ``install``/``build`` act on, judged by the one installability decision
+    over one observation. --kernel K (default: the running kernel): its decision, or its refusal raised. --all:
+    each installed kernel exactly as --kernel K would judge it; a refused one is a row {kernel, code, reason,
+    remedy} (what --kernel K would have refused with); when none can get ours, the first refusal is raised,
+    so --all on a one-kernel node says and exits what --kernel K does. Nothing is fetched here."""
+    snap, support = observe(host, config)
+    if not all_kernels:
+        if kernel is None:
+            from spark_memsaver.act import dkms_run
+            kernel = dkms_run.running_kernel(host)
+        ks = [kernel]
+    else:
+        from spark_memsaver.observe.snapshot import installed_kernels
+        ks = sorted(installed_kernels(host))
+    decided, skipped, first = [], [], None
+    for k in ks:
+        d = installability(snap, config, support, k)
+        d["missing"] = [m for m in d["missing"] if m["code"] not in ignore]
+        if not d["missing"]:
+            decided.append(d)
+            continue
+        err = refusal(d)
+        if not all_kernels:
+            raise err
+        first = first or err
+        skipped.append({"kernel": k, "code": err.code, "reason": d["missing"][0]["detail"], "remedy": err.remedy})
+    if not decided and first is not None:
+        raise first
+    return decided, skipped
+
+
+def fetch_missing(host: Host, config: Config, decided: list, progress=None) -> None:
+    """Fetch each driver source the decisions need (once per driver), as require does for one kernel."""
+    seen = set()
+    for d in decided:
+        if d.get("needs_fetch") and d["fetch"]["driver"] not in seen:
+            seen.add(d["fetch"]["driver"])
+            from spark_memsaver.act import source_fetch
+            source_fetch.fetch(host, config, d["fetch"]["driver"], progress=progress)
+
+
 def check_kernel(host: Host, kernel: str) -> str:
     """``kernel`` if it is a release name (versions.release: the same check as D-Bus; invalid-argument) and
     /lib/modules/<kernel> exists, else the one unknown-kernel error naming those that do."""

@@ -10,14 +10,13 @@ from pathlib import Path
 
 
 from spark_memsaver.act import signing as sig
-from spark_memsaver.decide import policy
 from spark_memsaver.decide.ours import built_here, is_ours, is_stock
 from spark_memsaver.errors import MemsaverError, SecureBootUnknown
 from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
-from spark_memsaver.act.dkms_errors import DkmsMissing, InstallRefused, NothingToDo, StockNotRestored, VerificationFailed
-from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kernel_config, kotool, refresh_initramfs, running_kernel, selected, sha256
+from spark_memsaver.act.dkms_errors import DkmsMissing, InstallRefused, StockNotRestored, VerificationFailed
+from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kotool, refresh_initramfs, running_kernel, selected, sha256
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
 
@@ -122,35 +121,72 @@ def verify_installed(host: Host, kernel: str) -> dict:
     return out
 
 
-def _target_kernels(host: Host, config, kernel: str | None, all_kernels: bool, for_remove: bool) -> tuple[list, list]:
-    from spark_memsaver.observe.snapshot import installed_kernels
+def remove_targets(host: Host, kernel: str | None, all_kernels: bool) -> list[str]:
+    """The kernels ``remove`` acts on: the one named (default: the running one), or with --all every installed
+    kernel and every kernel DKMS still keeps something of ours for (a kernel whose /lib/modules is gone)."""
     if kernel and all_kernels:
         from spark_memsaver.errors import UsageError
         raise UsageError("--kernel and --all exclude each other", remedy="Give one of them.")
-    if kernel:
-        return [kernel], []
     if not all_kernels:
-        return [running_kernel(host)], []
-    if for_remove:
-        ks = set()
-        for ver in registered_versions(host):
-            ks.update(kernels_of(host, ver))
-        for link in host.path(f"{DKMS_TREE}/{PACKAGE}").glob("kernel-*"):
-            ks.add(re.sub(r"-[^-]+$", "", link.name[len("kernel-"):]))
-        return sorted(ks), []
-    ks, skipped = [], []
-    for k in installed_kernels(host):
-        why = None
-        if not host.exists(f"/lib/modules/{k}/build/Makefile"):
-            why = "headers not installed"
-        else:
-            pv = policy.verdict(policy.kernel_of(k, kernel_config(host, k)), config)   # the one policy
-            if not pv.ok:
-                why = pv.why
-        if why is None and selected(host, k, "nvidia", digest=False) is None:
-            why = "no nvidia.ko"
-        (skipped.append({"kernel": k, "reason": why}) if why else ks.append(k))
-    return ks, skipped
+        return [kernel or running_kernel(host)]
+    from spark_memsaver.observe.snapshot import installed_kernels
+    ks = set(installed_kernels(host))
+    for ver in registered_versions(host):
+        ks.update(kernels_of(host, ver))
+    for link in host.path(f"{DKMS_TREE}/{PACKAGE}").glob("kernel-*"):
+        ks.add(re.sub(r"-[^-]+$", "", link.name[len("kernel-"):]))
+    return sorted(ks)
+
+
+def reloads_after(host: Host, kernels: list[str]) -> bool:
+    """Whether taking ours away from ``kernels`` ends with reloading nvidia-uvm: ours is loaded and the running
+    kernel is one of them (act/executor._remove runs act/steps.reload_uvm; the dry run plans "reload-uvm")."""
+    from spark_memsaver.observe.snapshot import observe_uvm
+    uvm = observe_uvm(host)
+    return bool(uvm.get("loaded") and is_ours(uvm)) and running_kernel(host) in kernels
+
+
+def _leftovers(host: Host, kernel: str) -> list[str]:
+    """Copies of ours at our install path that DKMS does not account for (installed by hand, DKMS's tree lost):
+    those restore_stock takes away (decide/ours.built_here, the same owner)."""
+    return [installed_path(host, kernel, s) for s in _SUFFIXES if host.path(installed_path(host, kernel, s)).is_file()
+            and built_here(modules.read_file(host, installed_path(host, kernel, s)))]
+
+
+def has_dkms(host: Host) -> bool:
+    """dkms runs here (remove then uninstalls and unbuilds through it; without it, our files still go)."""
+    try:
+        dkms_version(host)
+        return True
+    except DkmsMissing:
+        return False
+
+
+def remove_plan(host: Host, kernel: str, have_dkms: bool = True) -> list[dict]:
+    """What ``remove`` does for ONE kernel, step for step ({"action", "kernel", "reason"}, DKMS's steps with
+    "version"): the plan the run executes (:func:`remove`) and the dry run prints (act/dryrun.py), for
+    --kernel K and for each kernel of --all alike."""
+    def step(action, reason, **kw):
+        return {"action": action, "kernel": kernel, "reason": reason, **kw}
+    out = []
+    versions = registered_versions(host) if have_dkms else []
+    inst = installed_version(host, kernel) if versions else None
+    for v in versions:
+        if inst == v:
+            out.append(step("uninstall", f"dkms uninstall {PACKAGE}/{v}", version=v))
+        if kernel in kernels_of(host, v):
+            out.append(step("unbuild", f"dkms unbuild {PACKAGE}/{v}", version=v))
+    rec = _stock_record(host, kernel)
+    left = _leftovers(host, kernel)
+    if not out and not rec and not left and not host.exists(paths.legacy_stock_record(kernel)):
+        return [step("restore-stock", "nothing of ours is registered: any copy of ours left goes"),
+                step("depmod", "select the stock nvidia-uvm again; verify it is selected")]
+    why = ("the recorded stock nvidia-uvm back where the driver package put it, checked by SHA-256" if rec else
+           "no stock record: any copy of ours left goes")
+    if left:
+        why += "; our copy not registered in DKMS goes: " + ", ".join(left)
+    return out + [step("restore-stock", why), step("depmod", "select the stock nvidia-uvm again; verify it is selected"),
+                  step("initramfs", "update-initramfs -u -k " + kernel)]
 
 
 def _install_one(host: Host, config, kernel: str, progress) -> dict:
@@ -209,14 +245,21 @@ def _secure_boot(host: Host) -> dict:
         return {"state": "unknown", "reason": str(e)}
 
 
-def install(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None) -> dict:
-    """Build (if needed) and install the override; prove it is selected (modinfo -k K -n nvidia-uvm)."""
+def install(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None,
+            kernels: list[str] | None = None, skipped: list[dict] | None = None) -> dict:
+    """Build (if needed) and install the override; prove it is selected (modinfo -k K -n nvidia-uvm).
+    ``kernels``: those the executor chose (act/installable.targets: the one installability decision, for
+    --kernel and for each kernel of --all); ``skipped``: the rows of those it refused."""
     _require_root(host)
     progress = progress or _noop
-    kernels, skipped = _target_kernels(host, config, kernel, all_kernels, for_remove=False)
-    if not kernels:
-        raise NothingToDo("no kernel qualifies for installation: "
-                          + "; ".join(f"{s['kernel']}: {s['reason']}" for s in skipped))
+    if kernels is None:
+        if all_kernels:
+            from spark_memsaver.act import installable
+            decided, skipped = installable.targets(host, config, None, True)
+            kernels = [d["kernel"] for d in decided]
+        else:
+            kernels = [kernel or running_kernel(host)]
+    skipped = list(skipped or [])
     results = []
     for i, k in enumerate(kernels):
         results.append(_install_one(host, config, k, _scaled(progress, i / len(kernels), (i + 1) / len(kernels))))
@@ -287,39 +330,31 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
     """Uninstall and unregister our module for the kernel(s); restore and VERIFY the stock module."""
     _require_root(host)
     progress = progress or _noop
-    try:
-        dkms_version(host)
-        have_dkms = True
-    except DkmsMissing:      # toward stock never waits for dkms: our files go, the stock module is restored and
-        have_dkms = False    # verified by hand; DKMS's own record of ours (files in its tree) waits for dkms
-    recovered = recover_broken(host, config) if have_dkms else []
-    kernels, _ = _target_kernels(host, config, kernel, all_kernels, for_remove=True)
-    if kernel and not any(kernel in kernels_of(host, v) or installed_version(host, kernel)
-                          for v in registered_versions(host)) \
-            and not _stock_record(host, kernel):
-        res = restore_stock(host, kernel)
-        if not res["ok"]:
-            raise StockNotRestored("; ".join(res["problems"]), kernel=kernel)
-        return {"removed": [], "restored": [res], "recovered": recovered, "registrations_left": registered_versions(host)}
+    have_dkms = has_dkms(host)     # toward stock never waits for dkms: our files go, the stock module is restored
+    recovered = recover_broken(host, config) if have_dkms else []   # and verified by hand; DKMS's record waits
     done, restored = [], []
+    kernels = remove_targets(host, kernel, all_kernels)
     for i, k in enumerate(kernels):
         progress(i / max(1, len(kernels)), f"removing from {k}")
-        for ver in registered_versions(host) if have_dkms else ():
-            if installed_version(host, k) == ver:
-                _uninstall_kernel(host, ver, k)
-                done.append({"kernel": k, "dkms_version": ver, "action": "uninstalled"})
-            if k in kernels_of(host, ver):
-                _unbuild(host, ver, k)
-                done.append({"kernel": k, "dkms_version": ver, "action": "unbuilt"})
+        plan = remove_plan(host, k, have_dkms)
+        for s in plan:
+            if s["action"] == "uninstall":
+                _uninstall_kernel(host, s["version"], k)
+                done.append({"kernel": k, "dkms_version": s["version"], "action": "uninstalled"})
+            elif s["action"] == "unbuild":
+                _unbuild(host, s["version"], k)
+                done.append({"kernel": k, "dkms_version": s["version"], "action": "unbuilt"})
         res = restore_stock(host, k)
+        res["steps"] = [s["action"] for s in plan]
         restored.append(res)
         if not res["ok"]:
             raise StockNotRestored(f"after removing our module from {k}: " + "; ".join(res["problems"]),
                                    kernel=k, actions=res["actions"])
-        res["initramfs"] = refresh_initramfs(host, k)
-        host.path(_stock_record_path(k)).unlink(missing_ok=True)
-        host.path(paths.legacy_stock_record(k)).unlink(missing_ok=True)     # an older text one, if any
-        shutil.rmtree(host.path(paths.stock_original(k)), ignore_errors=True)
+        if "initramfs" in res["steps"]:
+            res["initramfs"] = refresh_initramfs(host, k)
+            host.path(_stock_record_path(k)).unlink(missing_ok=True)
+            host.path(paths.legacy_stock_record(k)).unlink(missing_ok=True)     # an older text one, if any
+            shutil.rmtree(host.path(paths.stock_original(k)), ignore_errors=True)
     for ver in registered_versions(host) if have_dkms else ():
         _drop_if_empty(host, ver)
     progress(1.0, "removed")

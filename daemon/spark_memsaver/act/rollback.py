@@ -30,6 +30,16 @@ def _targets(snap, kernel: str | None) -> list:
                  or any(b.kernel == k.release and b.installed for r in regs for b in r.builds))]
 
 
+def reloads(snap, targets: list) -> bool:
+    """Rollback ends with reloading nvidia-uvm when ours is loaded and either it took ours away from a kernel or
+    the running kernel selects another nvidia-uvm already (ours loaded beside another driver, or removed while
+    in use): then there is nothing selected to take away, and the reload is what goes back to stock."""
+    uvm = snap.uvm
+    running = next((k for k in snap.kernels if k.running), None)
+    return bool(uvm.loaded and ours.is_ours(uvm)) and (bool(targets) or running is None
+                                                  or not ours.is_ours(running.uvm_selected))
+
+
 def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,
              kernel: str | None = None, code: str = "requested", remedy: str = "",
              problems: list | None = None) -> dict:
@@ -55,8 +65,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
         except MemsaverError as e:
             done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
     reload = None
-    uvm = snap.uvm
-    if uvm.loaded and ours.is_ours(uvm) and host.is_live:
-        reload = st.reload_uvm(host, progress)
+    if reloads(snap, targets):         # the step its dry run plans (act/dryrun.py); reload_uvm itself skips it,
+        reload = st.reload_uvm(host, progress)      # and says so, under a root prefix
     return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
             "nothing_to_do": not targets}

@@ -206,7 +206,15 @@ def reload_uvm(host: Host, progress) -> dict:
 def _drop_record(host, config, s: rc.Step, progress, problems: list) -> dict:
     """The one quarantine (host/records.py): the record is renamed aside, never deleted."""
     from spark_memsaver.host import records
-    return {"result": records.quarantine(host, s.path, s.code or "record", s.reason)}
+    res = records.quarantine(host, s.path, s.code or "record", s.reason)
+    if s.code == "hold" and res.get("moved_to"):
+        # the administrator's hold outlives its unreadable record: one of the scope its name gives takes its place
+        import os
+        from spark_memsaver.host import holds
+        name = os.path.basename(s.path)[:-len(".json")] if s.path.endswith(".json") else "all"
+        res["hold"] = holds.hold(host, "remove", None if name == "all" else name,
+                                 f"kept from an unreadable hold record, set aside as {res['moved_to']}")
+    return {"result": res}
 
 
 def _clear_intent(host, config, s: rc.Step, progress, problems: list) -> dict:

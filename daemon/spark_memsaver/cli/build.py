@@ -64,6 +64,9 @@ def act(obj, op: str, progress, **kw) -> dict:
             if doc is not None:
                 return doc
         from spark_memsaver.errors import NotPermitted
+        if local_only:        # never asked of the daemon (build --force, reconcile, one kernel's rollback)
+            raise NotPermitted(f"'{op}' changes kernel modules and needs root",
+                               remedy=f"Run it as root: '{_as_typed_with_sudo()}'.")
         raise NotPermitted(f"'{op}' changes kernel modules and needs root; spark-memsaverd is not running to "
                            "ask on your behalf",
                            remedy=f"Run it as root: '{_as_typed_with_sudo()}'; or start the daemon "
@@ -116,6 +119,13 @@ def step_lines(steps: list[dict]) -> list[str]:
         mark = "" if s.get("ok", True) else "  FAILED: " + (s.get("error") or {}).get("message", "")
         out.append(f"  {s['action']:<16} {s.get('kernel') or '':<28} {s.get('reason', '')}{mark}")
     return out
+
+
+def kernel_table(rows: list[tuple[str, str, str]]) -> list[str]:
+    """The per-kernel result of install/remove (one row per kernel, for --kernel and --all alike)."""
+    w = max([len("KERNEL")] + [len(r[0]) for r in rows])
+    v = max([len("RESULT")] + [len(r[1]) for r in rows])
+    return [f"{'KERNEL':<{w}}  {'RESULT':<{v}}  DETAIL"] + [f"{k:<{w}}  {res:<{v}}  {d}" for k, res, d in rows]
 
 
 def _print_plan(doc: dict, as_json: bool) -> int:
@@ -201,11 +211,12 @@ def register(cli) -> None:
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:
-            for r in doc["installed"]:
-                click.echo(f"installed: {r['selected']} for {r['kernel']} (NVIDIA {r['driver']}, "
-                           f"{PACKAGE}/{r['dkms_version']}); initramfs: {r['initramfs']}")
-            for s in doc["skipped"]:
-                click.echo(f"skipped: {s['kernel']}: {s['reason']}")
+            rows = [(r["kernel"], "installed", f"{r['selected']} (NVIDIA {r['driver']}, {PACKAGE}/"
+                     f"{r['dkms_version']}); initramfs: {r['initramfs']}") for r in doc["installed"]]
+            rows += [(s["kernel"], f"refused [{s.get('code', '?')}]", f"{s['reason']}; remedy: {s.get('remedy', '')}")
+                     for s in doc["skipped"]]
+            for ln in kernel_table(rows):
+                click.echo(ln)
             for ln in hazard_note_lines(doc["notes"]):
                 click.echo(ln)
             if doc["next"]:
@@ -225,9 +236,15 @@ def register(cli) -> None:
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
         else:
-            for r in doc["restored"]:
-                click.echo(f"stock selected for {r['kernel']}: {r['selected']}"
-                           + (f" ({'; '.join(r['actions'])})" if r["actions"] else ""))
-            if not doc["restored"]:
-                click.echo("nothing was installed")
+            rows = [(r["kernel"], "stock selected" if r.get("steps", ["?"])[0] != "restore-stock" or r["actions"] or
+                     any(d["kernel"] == r["kernel"] for d in doc["removed"]) else "stock (nothing of ours)",
+                     f"{r['selected']}" + (f" ({'; '.join(r['actions'])})" if r["actions"] else ""))
+                    for r in doc["restored"]]
+            for ln in kernel_table(rows) if rows else ["nothing of ours was found on any kernel"]:
+                click.echo(ln)
+            r = doc.get("reload")
+            if r:
+                click.echo("nvidia-uvm reloaded: the stock module is loaded" if r.get("ok") else
+                           f"nvidia-uvm not reloaded ({r.get('skipped') or r.get('error')}): ours stays loaded until "
+                           "nvidia-uvm is reloaded or the node reboots")
         return 0

@@ -168,6 +168,9 @@ def register(root) -> None:
         lines = ["nothing to roll back: the stock nvidia-uvm is selected"] if doc["nothing_to_do"] else \
             [f"{d['kernel']}: {'stock selected' if d['ok'] else 'FAILED: ' + d['error']['message']}"
              for d in doc["kernels"]]
+        r = doc.get("reload")
+        if r:
+            lines.append("nvidia-uvm reloaded" if r.get("ok") else f"nvidia-uvm not reloaded: {r.get('skipped') or r.get('error')}")
         _emit(doc, as_json, lines)
         return 0 if doc["ok"] else EXIT_FAILED
 
@@ -179,7 +182,12 @@ def register(root) -> None:
         """Load our installed nvidia-uvm now, if no process uses /dev/nvidia-uvm (never forced).
         Exit 0 active, 1 refused or deferred to next boot, 3 failed."""
         doc = act(obj, "activate", None if as_json else progress, dry_run=dry_run, _local_only=dry_run)
-        if doc.get("activated"):
+        if doc.get("already") and doc.get("packing") is False:
+            lines = [f"already loaded, packing nothing: {doc.get('path')} (srcversion {doc.get('srcversion')}); "
+                     "'spark-memsaver status' says why and what to do"]
+        elif doc.get("already"):
+            lines = [f"already active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
+        elif doc.get("activated"):
             lines = [f"active: {doc.get('path')} (srcversion {doc.get('srcversion')})"]
         elif doc.get("dry_run"):
             lines = ["would run: " + "; ".join(" ".join(c) for c in doc["would_run"])]

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 
+UNREADABLE = "unreadable"      # the origin of a hold whose record cannot be read (metrics: held{by="unreadable"})
+
+
 def held(records, kernel: str | None) -> dict | None:
     """The hold that applies to ``kernel`` (``records``: the world's model.Records, or None): its own, else the
     hold on every kernel unless ``install`` released this kernel from it; None when automation may act on it."""
@@ -13,8 +16,8 @@ def held(records, kernel: str | None) -> dict | None:
         return None
     holds = [h for h in records.holds if isinstance(h, dict)]
     # a hold record that cannot be read still holds (every kernel): the administrator's word is not guessed
-    holds += [{"by": "an unreadable hold record", "kernel": None, "since": "?", "unreadable": q.get("path")}
-              for q in records.quarantined if isinstance(q, dict) and q.get("kind") == "hold"]
+    holds += [{"by": UNREADABLE, "kernel": None, "since": "?", "unreadable": q.get("path")}
+              for q in records.quarantined if isinstance(q, dict) and q.get("kind") == "hold" and not q.get("moved_to")]
     own = [h for h in holds if kernel is not None and h.get("kernel") == kernel]
     if own:
         return own[-1]
@@ -33,8 +36,10 @@ def resume_command(hold: dict, kernel: str | None, running: str | None = None) -
 
 def origin(hold: dict) -> str:
     """'held since 2026-12-02T10:00:00Z, by rollback'."""
+    if hold.get("unreadable"):
+        return f"held by an unreadable hold record ({hold['unreadable']}; reconcile sets it aside and keeps the hold)"
     what = hold.get("by") or "the administrator"
-    if hold.get("kernel") is None and not hold.get("unreadable"):
+    if hold.get("kernel") is None:
         what += " --all" if what == "remove" else " of every kernel"
     return f"held since {hold.get('since') or '?'}, by {what}"
 

@@ -89,10 +89,12 @@ def _intent_steps(snap, alive_pids: set[int] | None) -> tuple[list[Step], set[st
         steps.append(Step("drop-record", path=path,
                           reason="record is not valid JSON; it is set aside and state re-derived from the system"))
     for q in records.quarantined:     # read but not trusted (host/records.py): set aside now
-        if isinstance(q, dict) and q.get("path") and not q.get("moved_to") and q.get("kind") != "hold":
+        if isinstance(q, dict) and q.get("path") and not q.get("moved_to"):
             steps.append(Step("drop-record", path=q["path"], code=q.get("kind"),
                               reason=f"record is not trusted ({q.get('reason')}); it is set aside and state "
-                              "re-derived from the system"))
+                              "re-derived from the system" if q.get("kind") != "hold" else
+                              f"hold record is not readable ({q.get('reason')}); it is set aside and a readable "
+                              "hold of the same kernel(s) takes its place (the administrator's hold is kept)"))
     for it in sorted(records.intents, key=lambda r: str(r.get("started", ""))):
         iid = it.get("id") or f"{it.get('op')}-{it.get('kernel') or 'all'}"
         op, kern = it.get("op"), it.get("kernel")
@@ -219,6 +221,7 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
         if why is None:
             builds.extend(_build_steps(k, snap, config, support, Step(
                 "build-install", rel, (removed_reason + "; rebuilding for " + nv) if removed_reason
+                else f"our module is built for kernel {rel} but not installed: installing it" if _built(snap, rel)
                 else f"no build of our module for kernel {rel} and driver {nv}", driver_from=built_for,
                 driver_to=nv), fetched))
         elif removed_reason:
@@ -253,6 +256,11 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
     recover = [s for s in steps if s.action in ACTING]
     info = [s for s in steps if s.action in INFO]
     return recover + removals + records_out + builds + info
+
+
+def _built(snap, kernel: str) -> bool:
+    """DKMS holds a build of ours for ``kernel`` (not installed: the override is not selected)."""
+    return any(b.built and b.kernel == kernel for r in snap.dkms.registrations for b in r.builds)
 
 
 def build_record(snap, kernel: str) -> dict | None:

@@ -131,6 +131,15 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
             f"first ({names}); each says how.")
 
 
+def needs_first(decision: dict | None, remedy: str, joint: str = "then:") -> str:
+    """``remedy`` as it stands, or -- when it starts with an install or build that would be refused for the
+    running kernel now (decide/installability.py) -- the missing piece's own remedy first."""
+    first = (rm.commands_in(remedy) or [""])[0]
+    if decision is None or not decision["missing"] or not re.search(r"spark-memsaver (install|build)\b", first):
+        return remedy
+    return f"{decision['missing'][0]['remedy'].rstrip('.')}; {joint} {remedy[:1].lower()}{remedy[1:]}"
+
+
 def secure_boot_findings(snap, sb: dict, sb_state: str) -> list[Finding]:
     """ours-load-failed (the guard's last refusal in this boot, while ours is not loaded) and
     mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings) and
@@ -254,8 +263,8 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
                          "a module we sign will not load until the key is enrolled.",
-                         sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the "
-                         "console on next boot."))
+                         needs_first(decision, sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm "
+                                     "the key at the console on next boot.")))
 
     # 4b. The kernel refused our module at the last load (the guard loaded stock) or does not trust our key.
     f.extend(secure_boot_findings(snap, sb, sb_state))
@@ -338,9 +347,11 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
     #    administrator's rollback/remove (decide/hold.py): then nothing brings the patch back by itself.
     hold = holds.held(records, rk) if rk else None
     if hold and not ours_selected:
+        resume = holds.resume_command(hold, rk, rk)
+        if decision is not None and decision["missing"]:    # the install that resumes would be refused: first this
+            resume = needs_first(decision, f"'{resume}'", "then")
         f.append(Finding("held", "info", f"Kernel {rk} is {holds.describe(hold, rk, rk)}: spark-memsaverd and "
-                         "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.",
-                         holds.resume_command(hold, rk, rk), rk))
+                         "the APT/dpkg/kernel hooks leave it on the stock nvidia-uvm.", resume, rk))
     rollbacks = records.rollbacks
     if rollbacks and not ours_selected:
         last = sorted(rollbacks, key=lambda r: str(r.get("time", "")))[-1]
@@ -367,12 +378,16 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
             return Verdict("unverified", f)
         if any(x.code in ("ours-load-failed", "mok-not-trusted-by-kernel") for x in f):
             return Verdict("needs-attention", f)
-        if uvm.loaded:
-            f.append(Finding("activation-pending", "info",
-                             "Our nvidia-uvm is installed but the stock module is still loaded.",
-                             f"{rm.run('spark-memsaver activate')} (needs /dev/nvidia-uvm unused), or reboot."))
+        if uvm.loaded:      # what activate would do (decide/activation.py): its refusals are not a Next
+            from spark_memsaver.decide import activation
+            f.append(Finding("activation-pending", "info", *activation.pending(snap, running)))
         return Verdict("installed", f)
     if any(b.built for r in snap.dkms.registrations for b in r.builds):
+        # built, not installed: install's dry run plans the install (it reuses the build), so Next says it
+        message, remedy = install_advice(decision)
+        if decision is not None and decision["can_install"]:
+            message = "Our nvidia-uvm is built but not installed; the stock nvidia-uvm is selected."
+        f.append(Finding("stock", "info", message, remedy))
         return Verdict("built", f)
 
     message, remedy = install_advice(decision)

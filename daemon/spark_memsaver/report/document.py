@@ -50,7 +50,8 @@ def _hold(w) -> dict | None:
     if not h:
         return None
     return {"by": h.get("by"), "since": h.get("since"), "kernel": h.get("kernel"), "reason": h.get("reason"),
-            "text": holds.describe(h, k, k), "resume": holds.resume_command(h, k, k)}
+            "text": holds.describe(h, k, k), "resume": holds.resume_command(h, k, k),
+            **({"unreadable": h["unreadable"]} if h.get("unreadable") else {})}
 
 
 def build_document(w, verdict: Verdict, config: Config, identity: dict | None = None) -> dict:
@@ -177,8 +178,8 @@ def render_text(doc: dict, verbose: bool = False) -> str:
         ("Kernel", kernel),
         ("NVIDIA driver", doc["driver"]["loaded_version"] or "not loaded"),
         *internals,
-        ("nvidia-uvm", ("ours" if is_ours(doc["uvm"]) else "stock") + (" (loaded)" if doc["uvm"]["loaded"] else
-                                                                          " (not loaded)")),
+        ("nvidia-uvm", ("ours" if is_ours(doc["uvm"]) else "stock") + (" (loaded" + _tier_note(doc) + ")"
+                                                                       if doc["uvm"]["loaded"] else " (not loaded)")),
         ("Secure Boot", doc["secure_boot"].get("state", "unknown")),
         *_signing_key_row(doc["secure_boot"]),
         ("Memory", _memory_line(doc["memory"])),
@@ -224,6 +225,17 @@ def render_text(doc: dict, verbose: bool = False) -> str:
             if f.get("remedy"):
                 lines.append(f"    remedy: {f['remedy']}")
     return "\n".join(lines)
+
+
+def _tier_note(doc: dict) -> str:
+    """', tier 256; configured: leaf': the tier ours runs with (decide/packing.running_tier), and the configured
+    one when they differ (the next build uses that)."""
+    from spark_memsaver.decide.packing import running_tier
+    run = running_tier(doc.get("uvm"))
+    if run is None:
+        return ""
+    conf = str((doc.get("config") or {}).get("tier") or "")
+    return f", tier {run}" + (f"; configured: {conf}" if conf and conf != run else "")
 
 
 def dumps(doc: dict) -> str:

@@ -20,7 +20,7 @@ STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
 SECURE_BOOT_STATES = ("not-needed", "no-key", "not-enrolled", "pending-enroll", "enrolled", "pending-delete",
                       "blocked", "unknown")
 SEVERITIES = ("info", "warning", "error")
-HOLD_ORIGINS = ("rollback", "remove")      # host/holds.py BY
+HOLD_ORIGINS = ("rollback", "remove", "unreadable")   # host/holds.py BY, and decide/hold.UNREADABLE
 
 
 def _label(value) -> str:
@@ -67,7 +67,8 @@ def exposition(doc: dict, *, sample_time: float | None = None, sample: dict | No
     host = doc.get("host") or {}
     driver = (doc.get("driver") or {}).get("loaded_version") or ""
     kernel = host.get("kernel") or ""
-    tier = (doc.get("config") or {}).get("tier") or ""
+    from spark_memsaver.decide.packing import tier_of
+    tier = tier_of(doc)          # the running tier where ours is loaded (its counters), else the configured one
     state = doc.get("state") or ""
     memory = doc.get("memory") or {}
     sb = doc.get("secure_boot") or {}

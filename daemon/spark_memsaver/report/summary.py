@@ -32,21 +32,24 @@ def _page_size(doc: dict) -> int | None:
 
 
 def gain(doc: dict) -> str | None:
-    """What packing gives here: measured when ours packs, an estimate with its basis otherwise."""
+    """What packing gives here, in two figures that are not the same thing: the page-table backing saved now
+    (measured from our module's counters while it packs) and the usable memory gained (never measured here:
+    the seed project's figure, an estimate with its basis)."""
     state = doc.get("state")
     mem = doc.get("memory") or {}
     if state == "not-applicable":
         return None
+    usable = f"usable memory gained: about {SEED_SAVED_GIB} GiB (estimate from {SEED_BASIS})"
     if _packing(doc):
-        return (f"{_gib(mem['saved'])} saved now (measured: page-table backing {_gib(mem['pagetable_backing'])} "
-                f"instead of {_gib(mem.get('pagetable_stock_equivalent') or 0)})")
+        return (f"page-table backing saved now: {_gib(mem['saved'])} (measured: {_gib(mem['pagetable_backing'])} "
+                f"instead of {_gib(mem.get('pagetable_stock_equivalent') or 0)}); {usable}, not measured here")
     ps = _page_size(doc)
     if ps and ps != 65536:
         return f"nothing measurable: with {ps // 1024} KiB pages a page table already costs little"
     if state == "inactive":
-        return (f"nothing now: our nvidia-uvm is loaded but packs nothing (the finding below says why); about "
-                f"{SEED_SAVED_GIB} GiB once it packs (estimate from {SEED_BASIS})")
-    return f"about {SEED_SAVED_GIB} GiB of usable memory (estimate from {SEED_BASIS}); measured here once active"
+        return (f"nothing now: our nvidia-uvm is loaded but packs nothing (the finding below says why); once it "
+                f"packs, {usable}")
+    return f"{usable}; page-table backing saved: measured here once active"
 
 
 def _validated(doc: dict) -> dict | None:
@@ -59,16 +62,37 @@ def risk(doc: dict) -> str | None:
     state = doc.get("state")
     if state == "not-applicable":
         return None
-    tier = (doc.get("config") or {}).get("tier")
-    extra = f"; tier {tier} is not validated on hardware" if tier and tier != "leaf" else ""
+    from spark_memsaver.decide.packing import tier_of
+    from spark_memsaver.vocabulary import VALIDATED_TIERS
+    tier = tier_of(doc)          # the running tier where ours is loaded (it packs with it), else the configured
+    extra = f"; tier {tier} is not validated on hardware" if tier and tier not in VALIDATED_TIERS + ("off",) else ""
     v = _validated(doc)
     if v and _packing(doc):
         return f"validated on this node ({v.get('finished_at') or 'time not recorded'}){extra}"
+    qual = qualification(doc)
     if _packing(doc):
-        return (f"this package has not yet run on a GB10 and this node has not been validated: run '{VALIDATE}'"
-                + extra)
-    return ("this package has not yet run on a GB10 (compile- and qemu-verified); once active, run "
-            f"'{VALIDATE}'" + extra)
+        return (f"this package has not yet run on a GB10 ({qual}) and this node has not been validated: run "
+                f"'{VALIDATE}'" + extra)
+    return f"this package has not yet run on a GB10 ({qual}); once active, run '{VALIDATE}'" + extra
+
+
+def qualification(doc: dict) -> str:
+    """What is proven of the exact source tree ours is (or would be) built from: the manifest's verdict on the
+    running kernel's driver by content (world/support.py, the document's driver.patch), never a general claim."""
+    drv = next((k.get("nvidia_version") for k in doc.get("kernels") or [] if isinstance(k, dict) and k.get("running")),
+               None) or (doc.get("driver") or {}).get("loaded_version")
+    if not drv:
+        return "no NVIDIA driver here to qualify"
+    p = ((doc.get("driver") or {}).get("patch") or {}).get(drv)
+    if not isinstance(p, dict):
+        return f"driver {drv}: no source tree here to qualify"
+    if not p.get("supported"):
+        return f"driver {drv}: not supported by this release"
+    q = p.get("qualification") or "untested"
+    how = f" by content from {p['inherited_from']}" if p.get("inherited_from") else ""
+    drift = ("; hooked files drifted: " + " ".join(str(d).rsplit("/", 1)[-1] for d in p["drifted"])
+             if p.get("drifted") else "")
+    return f"driver {drv}'s tree: {q}{how}{drift}"
 
 
 _SEVERITY = {"error": 0, "warning": 1, "info": 2}
@@ -84,8 +108,11 @@ def _held_step(doc: dict, findings: list) -> str | None:
     from spark_memsaver import remedy as rm
     from spark_memsaver.decide import hold as holds
     hold = doc.get("hold") if isinstance(doc.get("hold"), dict) else {}
-    why = f" ({holds.origin(hold)})" if hold else ""
-    return f"{rm.run(held['remedy'].strip())} to resume packing{why}."
+    why = f" ({holds.origin(hold)})" if hold and not hold.get("unreadable") else ""
+    remedy = held["remedy"].strip()
+    if "'" in remedy:           # what install needs first, then the install (decide/status.py): said as it is
+        return f"{remedy} to resume packing{why}."
+    return f"{rm.run(remedy)} to resume packing{why}."
 
 
 def next_step(doc: dict) -> str | None:

@@ -1,0 +1,320 @@
+"""The proof that every path agrees (issue 34, item 6): node states generated over the fixture's dimensions
+(tests/support/statespace.py: base roots from tests/support/sparkroot.py -- kernels, ours installed or not,
+DKMS registered / built / installed, what is loaded, the driver loaded, holders, Secure Boot and the MOK key,
+holds, interrupted operations, records of each kind (also corrupt), configurations, the driver source), and for
+each state, with the real CLI called in this process (tests/support/inproc.py):
+
+  a. status text, --json, --quiet and metrics agree (state, exit codes, hold, tier, findings, Next);
+  b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for;
+  d. install/remove --all plan (or refuse) exactly what --kernel K does for each kernel K (build has no --all);
+then, for a seeded subset (every FOLLOW-th state: a real run costs real dkms, depmod and records):
+  c. following Next for real on the state's own copy changes the state or its findings, and reaches "nothing to
+     do" or a step for a person or one this machine cannot take (a compile of nvidia-uvm, activate on the live
+     node, the console, apt) within 6 steps;
+  e. each remove/rollback it runs records the steps its dry run planned;
+and once (it does not depend on the node): f. every mutating command run by a user without root on the live
+system refuses with not-permitted (exit 1), never an internal error.
+
+For a read-only check the observation is made once per state (world.facts memoised while the state's read-only
+commands run: each CLI path renders the same reading, as each would on a node that does not change between
+them). SPARK_MEMSAVER_STATE_SPACE=N runs N states (default 500), SPARK_MEMSAVER_STATE_SEED the seed. A failure
+names the seed and the smallest failing state. With -s it prints `state-space: N states, M checks`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_memsaver import exitcodes, remedy as rm
+from spark_memsaver.decide import plan as rc
+from spark_memsaver.decide.packing import running_tier, tier_of
+from spark_memsaver.report.summary import next_step
+from tests.support import needs, statespace as ss
+from tests.support.cliparse import parse, split
+from tests.support.inproc import cli
+
+N = int(os.environ.get("SPARK_MEMSAVER_STATE_SPACE", "500"))
+SEED = int(os.environ.get("SPARK_MEMSAVER_STATE_SEED", "34"))
+FOLLOW = int(os.environ.get("SPARK_MEMSAVER_STATE_FOLLOW", "10"))                # every FOLLOW-th state is followed for real (c, e)
+MAX_STEPS = 6
+REPO = Path(__file__).resolve().parent.parent
+FIRST_STEP = {"install": ("release-hold", "fetch-source", "build"), "build": ("fetch-source", "build"),
+              "remove": ("hold",), "rollback": ("remove", "reload-uvm")}
+DRY = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel"}
+
+
+@contextlib.contextmanager
+def observed_once():
+    """world.facts memoised per (root, config): the read-only commands of one state share one observation."""
+    from spark_memsaver import world
+    real, memo = world.facts, {}
+
+    def facts(host, config):
+        key = (str(host.root), repr(config))
+        if key not in memo:
+            memo[key] = real(host, config)
+        return memo[key]
+    world.facts = facts
+    try:
+        yield
+    finally:
+        world.facts = real
+
+
+def rows_of(text: str) -> dict:
+    rows = {}
+    for ln in text.split("\nKernels:", 1)[0].splitlines():
+        m = re.match(r"^([A-Za-z][A-Za-z -]*):\s+(.*)$", ln)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def check_agree(root: str) -> tuple[dict, list[str]]:
+    """a. One reading, four renderings."""
+    code_j, out, err = cli("--root", root, "status", "--json")
+    if not out.startswith("{") or "error" in json.loads(out):
+        return {}, [f"status --json failed (exit {code_j}): {out[:300]} {err[:300]}"]
+    doc = json.loads(out)
+    code_t, text, _ = cli("--root", root, "status")
+    quiet, _, _ = cli("--root", root, "status", "--quiet")
+    _, metrics, _ = cli("--root", root, "metrics")
+    rows, p = rows_of(text), []
+    if rows.get("State") != doc["state"]:
+        p.append(f"text State {rows.get('State')!r} != json {doc['state']!r}")
+    if code_t != exitcodes.status_code(doc) or quiet != exitcodes.quiet_code(doc):
+        p.append(f"exit codes: status {code_t}, -q {quiet}; the document says {exitcodes.status_code(doc)}, "
+                 f"{exitcodes.quiet_code(doc)}")
+    if f'spark_memsaver_state{{state="{doc["state"]}"}} 1' not in metrics:
+        p.append(f"metrics state is not {doc['state']}")
+    held_m = sum(int(v) for v in re.findall(r'^spark_memsaver_held\{by="[^"]+"\} (\d+)$', metrics, re.M))
+    if (("Hold" in rows), held_m) != (bool(doc.get("hold")),) * 2 and not (bool(doc.get("hold")) == ("Hold" in rows)
+                                                                          == bool(held_m)):
+        p.append(f"hold: json {bool(doc.get('hold'))}, text {'Hold' in rows}, metrics held {held_m}")
+    m = re.search(r'^spark_memsaver_info\{[^}]*tier="([^"]*)"', metrics, re.M)
+    if not m or m.group(1) != tier_of(doc):
+        p.append(f"metrics tier {m and m.group(1)!r} != the document's {tier_of(doc)!r}")
+    run = running_tier(doc.get("uvm"))
+    if run and f"tier {run}" not in rows.get("nvidia-uvm", ""):
+        p.append(f"plain status does not show the running tier {run}: {rows.get('nvidia-uvm')!r}")
+    for f in doc["findings"]:
+        if f"[{f['severity']}] {f['code']}:" not in text:
+            p.append(f"finding {f['code']} not in the text")
+    for sev in ("info", "warning", "error"):
+        n = sum(1 for f in doc["findings"] if f["severity"] == sev)
+        if f'spark_memsaver_findings{{severity="{sev}"}} {n}' not in metrics:
+            p.append(f"metrics findings {sev} != {n}")
+    if rows.get("Next") != (next_step(doc) or "nothing to do"):
+        p.append(f"text Next {rows.get('Next')!r} != {next_step(doc)!r}")
+    return doc, p
+
+
+def next_command(doc: dict) -> str | None:
+    """The first command Next asks for (before any '&&': the first step), or None."""
+    nxt = next_step(doc)
+    cmds = rm.commands_in(nxt or "")
+    return cmds[0].split(" && ")[0] if cmds else None
+
+
+def dry_run(root: str, cmd: str) -> tuple[int, dict | None, str]:
+    _, argv = split(cmd)
+    code, out, err = cli("--root", root, *argv[1:], "--dry-run", "--json")
+    try:
+        return code, json.loads(out), err
+    except ValueError:
+        return code, None, out + err
+
+
+def check_next(root: str, doc: dict) -> list[str]:
+    """b. Next's command: its dry run does not refuse and plans what Next asks for first."""
+    cmd = next_command(doc)
+    if cmd is None:
+        return []
+    _, argv = split(cmd)
+    if argv[:1] != ["spark-memsaver"]:
+        return []                       # a system program (apt-get, mokutil, modprobe): a person's step
+    path, _ = parse(cmd)
+    if path not in DRY:
+        return []
+    code, plan, err = dry_run(root, cmd)
+    if path == "activate" and (plan or {}).get("at_next_boot") and (next_step(doc) or "").startswith("Stop "):
+        return []                       # a person stops the CUDA work first: Next says so, activate waits for it
+    if code != 0 or plan is None or "error" in plan:
+        return [f"Next {cmd!r}: its dry run refuses (exit {code}): {(plan or {}).get('error') or err[:300]}"]
+    steps = own(plan)
+    if path in FIRST_STEP and (not steps or steps[0]["action"] not in FIRST_STEP[path]):
+        return [f"Next {cmd!r}: its dry run plans {[s['action'] for s in steps]}, not {FIRST_STEP[path]} first"]
+    if path == "reconcile" and not any(s["action"] in rc.ACTING for s in steps):
+        return [f"Next {cmd!r}: its dry run plans nothing that acts: {[s['action'] for s in steps]}"]
+    if path == "activate" and plan.get("already"):
+        return [f"Next {cmd!r}: ours is already loaded, activate would do nothing"]
+    return []
+
+
+def own(plan: dict) -> list[dict]:
+    """A dry run's own steps, after what the run recovers first (act/dryrun.py lists that first)."""
+    return (plan.get("steps") or [])[plan.get("recovery", 0):]
+
+
+def _plan(root: str, *args) -> tuple[int, dict]:
+    code, out, _ = cli("--root", root, *args, "--dry-run", "--json")
+    plan = json.loads(out)
+    if "steps" in plan:
+        plan["steps"] = own(plan)
+    return code, plan
+
+
+def check_all(root: str, doc: dict) -> list[str]:
+    """d. --all is --kernel K for each kernel (install, remove): plan, refusal, skipped rows."""
+    p, kernels = [], sorted(k["release"] for k in doc["kernels"])
+    code_a, every = _plan(root, "install", "--all")
+    one = {k: _plan(root, "install", "--kernel", k) for k in kernels}
+    if code_a:
+        first = next((one[k][1]["error"] for k in kernels if one[k][0]), None)
+        if every.get("error") != first:
+            p.append(f"install --all refuses with {every.get('error')}, --kernel K with {first}")
+    else:
+        want = [s for k in kernels if not one[k][0] for s in one[k][1]["steps"] if s["action"] != "release-hold"]
+        got = [s for s in every["steps"] if s["action"] != "release-hold"]
+        if got != want:
+            p.append(f"install --all plans {[(s['action'], s['kernel']) for s in got]}, --kernel K "
+                     f"{[(s['action'], s['kernel']) for s in want]}")
+        skipped = {s["kernel"]: s["code"] for s in every.get("skipped", [])}
+        if skipped != {k: one[k][1]["error"]["code"] for k in kernels if one[k][0]}:
+            p.append(f"install --all skips {skipped}; --kernel K refuses {[k for k in kernels if one[k][0]]}")
+    _, every = _plan(root, "remove", "--all")
+    per = [s for k in kernels for s in _plan(root, "remove", "--kernel", k)[1]["steps"][1:]]
+    strip = [s for s in per if s["action"] != "reload-uvm"]
+    if [s for s in every["steps"][1:] if s["action"] != "reload-uvm"] != strip:
+        p.append("remove --all plans other steps than remove --kernel K for each kernel")
+    if any(s["action"] == "reload-uvm" for s in every["steps"]) != any(s["action"] == "reload-uvm" for s in per):
+        p.append("remove --all and remove --kernel K disagree on reloading nvidia-uvm")
+    return p
+
+
+def recorded_remove(done: dict) -> list[tuple[str, str]]:
+    out = []
+    for r in done["restored"]:
+        k = r["kernel"]
+        out += [(d["action"][:-2] if d["action"].endswith("ed") else d["action"], k) for d in done["removed"]
+                if d["kernel"] == k]
+        out += [("restore-stock", k), ("depmod", k)] + ([("initramfs", k)] if "initramfs" in r else [])
+    return [("uninstall" if a == "uninstall" else "unbuild" if a.startswith("unbuil") else a, k) for a, k in out] + \
+        ([("reload-uvm", None)] if done.get("reload") else [])
+
+
+def follow(root: str, env: dict) -> tuple[str, list[str]]:
+    """c and e: run Next for real until nothing is left, a person's step, or a step this machine cannot take."""
+    p, seen = [], []
+    for _ in range(MAX_STEPS + 1):
+        code, out, err = cli("--root", root, "status", "--json")
+        doc = json.loads(out)
+        nxt = next_step(doc)
+        fp = (doc["state"], sorted(f["code"] for f in doc["findings"]), nxt)
+        if nxt is None:
+            return "nothing to do", p
+        if fp in seen:
+            return "loop", p + [f"following Next loops: {fp}"]
+        seen.append(fp)
+        if len(seen) > MAX_STEPS:
+            return "too long", p + [f"Next not done within {MAX_STEPS} steps: {seen}"]
+        cmd = next_command(doc)
+        _, argv = split(cmd or "")
+        if argv[:1] != ["spark-memsaver"]:
+            return "person or system step", p
+        path, _ = parse(cmd)
+        if path in ("install", "build") or path.startswith("mok") or path == "activate":
+            return {"activate": "activate (the live node)"}.get(path, f"{path} (a compile or the console)"), p
+        if path == "reconcile":
+            _, plan, _ = dry_run(root, cmd)
+            if any(s["action"] in ("build-install", "fetch-source") for s in plan["steps"]):
+                return "reconcile builds (a compile)", p
+        if path not in ("remove", "rollback", "reconcile"):
+            return f"{path} (not followed)", p
+        _, plan, _ = dry_run(root, cmd)
+        code, out, err = cli("--root", root, *argv[1:], "--json")
+        if code != 0:
+            return "failed", p + [f"{cmd!r} failed for real (exit {code}): {out[:400]} {err[:400]}"]
+        done = json.loads(out)
+        first = [s["action"] for s in plan["steps"][:plan.get("recovery", 0)]]
+        if first != [r["action"] for r in done.get("recovered", [])]:
+            p.append(f"{path}: planned to recover {first}, recovered {done.get('recovered')}")
+        if first:
+            plan["steps"] = []          # its own steps were planned before recovery changed the node: not compared
+        elif path == "remove":
+            want = [(s["action"], s["kernel"]) for s in plan["steps"] if s["action"] != "hold"]
+            if recorded_remove(done) != want:
+                p.append(f"remove: planned {want}, recorded {recorded_remove(done)}")
+        elif path == "rollback":
+            want = sorted(s["kernel"] for s in plan["steps"] if s["action"] == "remove")
+            if want != sorted(k["kernel"] for k in done["kernels"]) or \
+                    any(s["action"] == "reload-uvm" for s in plan["steps"]) != (done.get("reload") is not None):
+                p.append(f"rollback: planned {plan['steps']}, did {done}")
+        if (done.get("reload") or {}).get("skipped") == "not the running system":
+            return "reload nvidia-uvm (the live node)", p     # modprobe acts on the running node only
+    return "too long", p
+
+
+def _as_nobody(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "daemon"))
+    env.pop("SPARK_MEMSAVER_CONFIG", None)
+    kw = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    return subprocess.run([sys.executable, "-m", "spark_memsaver", *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd="/", **kw)
+
+
+MUTATING = (("install",), ("install", "--all"), ("build",), ("remove",), ("remove", "--all"), ("rollback",),
+            ("activate",), ("reconcile",))
+
+
+def test_state_space(tmp_path, monkeypatch):
+    needs.require("gcc", "depmod", "openssl", "dkms")
+    rng = random.Random(SEED)
+    bases = ss.make_bases(tmp_path / "bases")
+    states = ss.sample(rng, N)
+    wrapper = tmp_path / "dkms"
+    failures, checks, ends = [], 0, {}
+    for i, st in enumerate(states):
+        root = str(ss.build(st, bases, tmp_path / f"s{i}"))
+        with observed_once():
+            doc, p = check_agree(root)
+            checks += 1
+            if doc:
+                p += check_next(root, doc) + check_all(root, doc)
+                checks += 2
+        if doc and i % FOLLOW == 0:
+            # the real dkms, on this root's tree, for the arm64 node it stands for (tests/test_dkms_restore_newer.py)
+            wrapper.write_text(f'#!/bin/sh\nexec dkms "$@" -a aarch64 --dkmstree {root}/var/lib/dkms --sourcetree '
+                               f'{root}/usr/src --installtree {root}/lib/modules\n')
+            wrapper.chmod(0o755)
+            monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(wrapper))
+            end, q = follow(root, {})
+            ends[end] = ends.get(end, 0) + 1
+            p += q
+            checks += 2
+        failures += [(ss.size(st), i, st, x) for x in p]
+    for args in MUTATING:                    # f: once, on the live system, as a user without root
+        r = _as_nobody(*args)
+        checks += 1
+        if r.returncode != 1 or "error[not-permitted]" not in r.stderr:
+            failures.append((0, -1, None, f"{' '.join(args)} without root: exit {r.returncode}: {r.stderr[-300:]}"))
+    print(f"\nstate-space: {len(states)} states, {checks} checks (seed {SEED}; followed: {ends})")
+    if failures:
+        failures.sort(key=lambda x: (x[0], x[1]))
+        size_, i, st, _ = failures[0]
+        smallest = [x for _, j, _, x in failures if j == i]
+        kinds: dict = {}           # each kind of failure, with its smallest state
+        for _, j, s_, x in failures:
+            kinds.setdefault(re.sub(r"[0-9a-f]{8,}|'[^']*'|\{.*|\(exit.*", "…", x)[:100],
+                             f"#{j} {ss.describe(s_) if s_ else 'the live system'}: {x[:1500]}")
+        pytest.fail(f"seed {SEED}: {len(failures)} failures in {len({f[1] for f in failures})} states; smallest "
+                    f"state #{i}: {ss.describe(st) if st else 'the live system'}:\n  " + "\n  ".join(smallest)
+                    + "\neach kind, smallest state:\n  " + "\n  ".join(kinds.values()))
