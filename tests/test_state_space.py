@@ -4,7 +4,8 @@ DKMS registered / built / installed, what is loaded, the driver loaded, holders,
 holds, interrupted operations, records of each kind (also corrupt), configurations, the driver source), and for
 each state, with the real CLI called in this process (tests/support/inproc.py):
 
-  a. status text, --json, --quiet and metrics agree (state, exit codes, hold, tier, findings, Next);
+  a. status text, --json, --quiet and metrics agree (state, exit codes, hold, tier, findings, Next), and the lean status
+     entry says byte for byte what the click command says (text, --json, -q);
   b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for;
   d. install/remove --all plan (or refuse) exactly what --kernel K does for each kernel K (build has no --all);
 then, for a seeded subset (every FOLLOW-th state: a real run costs real dkms, depmod and records):
@@ -78,16 +79,25 @@ def rows_of(text: str) -> dict:
     return rows
 
 
+_STAMP = re.compile(r'"generated_at": "[^"]*"')
+
+
 def check_agree(root: str) -> tuple[dict, list[str]]:
     """a. One reading, four renderings."""
     code_j, out, err = cli("--root", root, "status", "--json")
     if not out.startswith("{") or "error" in json.loads(out):
         return {}, [f"status --json failed (exit {code_j}): {out[:300]} {err[:300]}"]
     doc = json.loads(out)
-    code_t, text, _ = cli("--root", root, "status")
+    code_t, text, text_err = cli("--root", root, "status")
     quiet, _, _ = cli("--root", root, "status", "--quiet")
     _, metrics, _ = cli("--root", root, "metrics")
     rows, p = rows_of(text), []
+    # the lean status entry (cli/status.py) and the click command say the same, byte for byte (issue 38)
+    for form, lean in ((["--json"], (code_j, out, err)), ([], (code_t, text, text_err)), (["--quiet"], (quiet,))):
+        via_click = cli("--root", root, "status", *form, click=True)[:len(lean)]
+        if tuple(_STAMP.sub("<time>", x) if isinstance(x, str) else x for x in via_click) != \
+                tuple(_STAMP.sub("<time>", x) if isinstance(x, str) else x for x in lean):
+            p.append(f"status {' '.join(form)}: the lean entry and click differ")
     if rows.get("State") != doc["state"]:
         p.append(f"text State {rows.get('State')!r} != json {doc['state']!r}")
     if code_t != exitcodes.status_code(doc) or quiet != exitcodes.quiet_code(doc):

@@ -10,9 +10,12 @@ import os
 import sys
 
 
-def cli(*args: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``spark-memsaver ARGS``."""
+def cli(*args: str, click: bool = False) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``spark-memsaver ARGS``; ``click``: through the click group alone (what the
+    entry hands every line the lean status path does not read), to compare the two."""
     from spark_memsaver.cli import entry
+    if click:
+        from spark_memsaver.cli import main as entry     # noqa: F811  (cli/main.main: the click group's)
     out, err = io.StringIO(), io.StringIO()
     saved_argv, saved_cfg = sys.argv, os.environ.pop("SPARK_MEMSAVER_CONFIG", None)
     sys.argv = ["spark-memsaver", *args]          # cli/main._wants_json reads it
