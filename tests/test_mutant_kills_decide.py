@@ -177,9 +177,10 @@ def test_which_hold_applies_and_how_it_is_said():
     assert hold.origin({"kernel": k1}) == "held since ?, by the administrator"
     bad = hold.held(Records(quarantined=[{"kind": "hold", "path": "/var/h.json"}, {"kind": "intent", "path": "/x"}]),
                     k2)
-    assert bad == {"by": "an unreadable hold record", "kernel": None, "since": "?", "unreadable": "/var/h.json"}
-    assert hold.describe(bad, k2, k1) == ("held since ?, by an unreadable hold record; "
-                                          "`sudo spark-memsaver install --all` resumes")
+    assert bad == {"by": hold.UNREADABLE, "kernel": None, "since": "?", "unreadable": "/var/h.json"}
+    assert hold.UNREADABLE == "unreadable"                     # the metrics label: held{by="unreadable"}
+    assert hold.describe(bad, k2, k1) == ("held by an unreadable hold record (/var/h.json; reconcile sets it aside "
+                                          "and keeps the hold); `sudo spark-memsaver install --all` resumes")
 
 
 # --- decide/step.py: which plan steps change the system ---------------------------------------------------------
