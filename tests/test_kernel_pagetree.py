@@ -20,13 +20,12 @@ Cases (kernel x branch):
   64k"``: pytest's -k matches substrings, and "4k-r580" is part of "64k-r580").
 NVIDIA's trees do not compile against Debian's 7.2/7.3 (linux/of_gpio.h is gone), hence 6.12.
 
-All VM tests are `slow`. CI runs 64k-r580 (SPARK_MEMSAVER_TEST_KERNEL_64K=1, set by .ci/run: the 64 KiB debug
-kernel is built by tests/test_kernel_build.py, ~5 min of CI's 2 quiet cores, then NVIDIA 580.142 for it; these
-cases are ``heavy_first``, so CI's budget for starting heavy tests never starves them) and 4k-r580 (the whole
+All VM tests are `slow`. CI runs 64k-r580 and 64k-r595 (SPARK_MEMSAVER_TEST_KERNEL_64K=1, set by .ci/run: the
+64 KiB debug kernel is built by tests/test_kernel_build.py, ~5 min of CI's 2 quiet cores, then NVIDIA 580.142 and
+595.45.04 for it; .ci/run fails when either did not pass; these cases are ``heavy_first``, so CI's budget for starting heavy tests never starves them) and 4k-r580 (the whole
 suite at 4 KiB; it may give way to the budget). The others run where their kernel and module builds are cached,
 or with SPARK_MEMSAVER_BUILD_KERNEL=1 / SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 (which build them: the 64 KiB debug
-kernel 5-45 min, each NVIDIA build 5-15 min on 2 cores); otherwise they skip with that reason, also in CI
-(r595 at 64 KiB included: one more NVIDIA build and VM, ~10 min, would take CI past its 75-minute target).
+kernel 5-45 min, each NVIDIA build 5-15 min on 2 cores); otherwise they skip with that reason, also in CI.
 End to end at 64 KiB (figures printed without -s):
 ``SPARK_MEMSAVER_TEST_PAGETREE_ALL=1 tools/test tests/test_kernel_pagetree.py -k 64k -v`` (add
 SPARK_MEMSAVER_BUILD_KERNEL=1 on a machine without the kernel). Details and results: docs/kernel-tests.md.
@@ -66,6 +65,9 @@ CI_CASE = ("debian-6.12-4k", "580.142")   # CI's share: NVIDIA's whole suite at 
 #: .ci/run sets it: CI builds the 6.12 64 KiB debug kernel (tests/test_kernel_build.py) and NVIDIA 580.142 for it
 CI64_ENV = "SPARK_MEMSAVER_TEST_KERNEL_64K"
 CI64_CASE = ("debug-6.12-64k", "580.142")
+#: every case CI runs at 64 KiB: r580 (the DGX Spark branch) and the newest branch, r595 (.ci/run checks that
+#: both passed, not skipped: tools/ci-required)
+CI64_CASES = (CI64_CASE, ("debug-6.12-64k", "595.45.04"))
 
 
 def ci_64k() -> bool:
@@ -116,7 +118,7 @@ def kernel_or_skip(kind: str) -> qemu.Kernel:
 def build_gate(k: qemu.Kernel, version: str, inject: int = 0) -> None:
     """Skip unless the patched build is cached (or opted in, or CI's case): one more NVIDIA build is ~5-15 min.
     Asked before NVIDIA's source is fetched, so that a skipped case downloads nothing."""
-    ci = (k.kind, version, inject) == (*CI_CASE, 0) or ((k.kind, version, inject) == (*CI64_CASE, 0) and ci_64k())
+    ci = (k.kind, version, inject) == (*CI_CASE, 0) or (inject == 0 and (k.kind, version) in CI64_CASES and ci_64k())
     if not ci and not uvmvm.is_cached(k, version, inject) and not _opted_in():
         needs.beyond_ci(f"NVIDIA {version} built for {k.release}",
                         f"not cached for these sources; {ALL_ENV}=1 builds it (5-15 min on 2 cores, beyond CI's share)")
@@ -128,7 +130,7 @@ def build_or_skip(k: qemu.Kernel, version: str, inject: int = 0) -> uvmvm.Built:
     return uvmvm.cached_build(k, version, inject)
 
 
-@pytest.fixture(scope="module", params=[pytest.param(c, marks=[pytest.mark.heavy_first] if c == ("debug-6.12-64k", "r580")
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=[pytest.mark.heavy_first] if (c[0], BRANCHES[c[1]]) in CI64_CASES
                                                      else []) for c in CASES], ids=[f"{SHORT[k]}-{b}" for k, b in CASES])
 def vm(request, tmp_path_factory):
     kind, branch = request.param
@@ -315,10 +317,11 @@ def test_64k_cases_skip_without_the_cached_debug_kernel(tmp_path, monkeypatch):
     with pytest.raises(pytest.skip.Exception):
         kernel_or_skip("debug-64k")
     k = qemu.Kernel("debug-6.12-64k", tmp_path / "Image", tmp_path, "6.12.0", 65536)
-    for version, inject in (("595.45.04", 0), ("580.142", 1)):
+    for version, inject in (("590.48.01", 0), ("580.142", 1), ("595.45.04", 1)):
         with pytest.raises(pytest.skip.Exception):
             build_gate(k, version, inject)
-    build_gate(k, "580.142")               # CI's 64 KiB case: no skip
+    build_gate(k, "580.142")               # CI's 64 KiB cases: no skip
+    build_gate(k, "595.45.04")
     monkeypatch.delenv(CI64_ENV)
     with pytest.raises(pytest.skip.Exception):
         build_gate(k, "580.142")
