@@ -317,7 +317,7 @@ def test_get_events_index_reads_each_line_once(tmp_path):
         f.write(b'{"op": "hook", "source": "torn", "time": "2026-12-0')       # a writer mid-line
     assert events.note(host, "hook", source="after")
     assert idx.as_json(None, 3) == events.as_json(host, None, 3) and idx.skipped == events.read_counted(host)[1] == 1
-    since = events._epoch(events.read(host)[-2]["time"])
+    since = events.epoch(events.read(host)[-2]["time"])
     assert idx.as_json(since, 100) == events.as_json(host, since, 100) and idx.whole_reads == 1
     big = "x" * 400
     while log.stat().st_size < events.MAX_BYTES - 2000:                 # up to the rotation, then past it

@@ -270,7 +270,7 @@ def test_fuzz_event_lines(tmp_path):
             f.write(data[len(data) // 2:])
         rows, skipped = events.read_counted(host)
         for e in rows:
-            assert isinstance(e["time"], str) and isinstance(e["op"], str) and events._epoch(e["time"]) is not None
+            assert isinstance(e["time"], str) and isinstance(e["op"], str) and events.epoch(e["time"]) is not None
         json.dumps(rows, allow_nan=False)
         assert idx.as_json(None, 10 ** 6) == events.as_json(host, None, 10 ** 6)
     run_for_budget("event lines (mutated)", check, mutated(((EVENT + "\n") * 3).encode()))

@@ -13,9 +13,12 @@ def register(cli) -> None:
     @cli.command()
     @click.option("--since", "since", metavar="DURATION|TIME", default=None,
                   help="Only events newer than this: a duration ago (90m, 2h, 7d) or a UTC time.")
+    @click.option("--boot", "boot", type=click.IntRange(max=0), default=None, metavar="N",
+                  help="Only the events of one boot: 0 this one, -1 the one before (numbered as history --boot "
+                       "numbers them), e.g. what happened before a wedge and a power cycle.")
     @click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
     @click.pass_obj
-    def events(obj, since, as_json: bool):
+    def events(obj, since, boot, as_json: bool):
         """Show lifecycle events: builds, installs, removals, activations, rollbacks, reconciles, the APT door's
         runs, key enrollment requests and their cancellations, and the steps, hook runs and rollback records
         inside them.
@@ -29,6 +32,10 @@ def register(cli) -> None:
         rows, skipped = ev.read_counted(obj.host, since=t0)
         if skipped:
             click.echo(f"note: {skipped} unreadable lines skipped in {obj.host.path(ev.EVENTS)}", err=True)
+        if boot is not None:
+            rows, which = _of_boot(obj.host, rows, boot)
+            if not as_json:
+                click.echo(which)
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return 0
@@ -41,6 +48,18 @@ def register(cli) -> None:
             click.echo(f"{e['time'].replace('T', ' ').rstrip('Z'):<20}  {e['op']:<15} "
                        f"{result:<7} {str(e.get('kernel') or '-'):<28} {_detail(e)}".rstrip())
         return 0
+
+
+def _of_boot(host, rows: list[dict], boot: int) -> tuple[list[dict], str]:
+    """The events written in boot ``boot`` (host/boots.py numbers boots), and a line saying which boot that is.
+    Events of a version that did not record boots belong to none: the line counts them."""
+    from spark_memsaver.host import boots, events
+    bid = boots.resolve(host, boot, events.read(host))   # numbered by the whole log, whatever --since shows
+    mine = [e for e in rows if bid is not None and e.get("boot") == bid]
+    unknown = sum(1 for e in rows if "boot" not in e)
+    which = (f"boot {boot} ({bid})" if bid else f"boot {boot}: no record of it") + \
+        (f"; {unknown} older events carry no boot id and are left out" if unknown else "")
+    return mine, which
 
 
 def _detail(e: dict) -> str:

@@ -146,6 +146,10 @@ def _open_locked(p: str, flags: int = OPEN_FLAGS) -> int:
 
 
 def _append(host, ev: dict) -> bool:
+    from spark_memsaver.host.boots import current
+    boot = current(host)                    # events --boot N and history --boot N number boots alike (host/boots)
+    if boot is not None:
+        ev = {**ev, "boot": boot}
     line = (json.dumps(ev, sort_keys=True, default=str) + "\n").encode()
     p = host.fspath(EVENTS, follow=False)   # the log itself is never followed: O_NOFOLLOW above
     try:
@@ -226,7 +230,7 @@ def _legacy_event(ev):
 
 def _line_time(raw: bytes) -> float:
     try:
-        t = _epoch(loads_strict(raw.decode()).get("time"))
+        t = epoch(loads_strict(raw.decode()).get("time"))
     except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
         t = None
     return -1.0 if t is None else t
@@ -251,7 +255,7 @@ def read_counted(host, since: float | None = None) -> tuple[list[dict], int]:
         out, skipped = older
     rows, bad = _read_file(host, EVENTS, since)
     if out:
-        out = sorted(out + rows, key=lambda e: _epoch(e["time"]))    # stable: older first at the same second
+        out = sorted(out + rows, key=lambda e: epoch(e["time"]))    # stable: older first at the same second
     else:
         out = rows
     return out, skipped + bad
@@ -290,7 +294,7 @@ def _line(raw: bytes, legacy: bool = False) -> tuple[dict | None, float | None]:
         ev = None
     if legacy:
         ev = _legacy_event(ev)
-    t = _epoch(ev.get("time")) if _well_formed(ev) else None
+    t = epoch(ev.get("time")) if _well_formed(ev) else None
     return (ev, t) if t is not None else (None, None)
 
 
@@ -313,7 +317,7 @@ class Index:
     def refresh(self) -> None:
         if os.path.lexists(self.host.fspath(LEGACY, follow=False)):
             rows, self.skipped = read_counted(self.host)
-            self._rows, self._key, self._off = [(_epoch(e["time"]), json.dumps(e)) for e in rows], None, 0
+            self._rows, self._key, self._off = [(epoch(e["time"]), json.dumps(e)) for e in rows], None, 0
             self.whole_reads += 1
             return
         try:
@@ -371,7 +375,7 @@ def _well_formed(ev) -> bool:
                for k, v in ev.items() if k not in ("error", "steps") + LISTS)
 
 
-def _epoch(t) -> float | None:
+def epoch(t) -> float | None:
     """Epoch seconds of an event's UTC time ('2026-12-02T12:00:05Z', as _now writes it); None unless it is one,
     between the epoch and 2100. timefmt, not time.strptime: the daemon reads the log for its textfile and GetEvents,
     and strptime would load _strptime, calendar, datetime and locale into it."""

@@ -18,6 +18,7 @@ BUILDS = f"{STATE_DIR}/builds"        # build records <kernel>.json (act/records
 HOLDS = f"{STATE_DIR}/holds"          # the administrator's holds: <kernel>.json, all.json (host/holds.py)
 SAMPLES_DIR = f"{STATE_DIR}/history"      # the monitor's persisted samples (service/history.py): not lifecycle
 BLACKBOX_DIR = f"{STATE_DIR}/blackbox"    # 1 Hz samples under memory pressure, fsynced, per boot (service/blackbox.py)
+BOOT_ID = "/proc/sys/kernel/random/boot_id"   # this boot's id (host/boots.py; the MOK request record)
 EVENTS = f"{STATE_DIR}/events.jsonl"      # the one lifecycle event log (host/events.py)
 LEGACY_HISTORY = f"{STATE_DIR}/history.jsonl"   # an older install's second lifecycle log: folded into EVENTS
 STOCK_DIR = f"{STATE_DIR}/stock"          # older one-line stock records <kernel> (read by the guard, migrated)

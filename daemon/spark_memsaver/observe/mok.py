@@ -25,7 +25,7 @@ DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.pub"
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_CONF_D = "/etc/dkms/framework.conf.d"
 REQUEST_RECORD = paths.MOK_REQUEST   # what we asked mokutil for, and in which boot
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
+BOOT_ID = paths.BOOT_ID
 _CONT_RE = re.compile(r"^MokListRT([1-9][0-9]{0,3})-" + re.escape(ev.SHIM_LOCK_GUID) + "$")
 # --- raw reading (I/O) -----------------------------------------------------------------------------------
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 
-from spark_memsaver.host import paths
+from spark_memsaver.host import boots as boots_, paths
 
 log = logging.getLogger("spark_memsaver.blackbox")
 
@@ -24,13 +23,7 @@ LIMIT = 600            # samples kept per boot after a trim: 10 minutes at 1 Hz
 TRIM_AT = 1200
 BOOTS_KEPT = 4
 QUIET_S = 10.0
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def boot_id(host) -> str | None:
-    b = (host.read_text(BOOT_ID) or "").strip()
-    return b if _ID.match(b) else None
+boot_id = boots_.current          # host/boots.py: this boot's id, and one numbering of boots for every reader
 
 
 def sample(host, now: float | None = None) -> dict:
@@ -120,28 +113,16 @@ def _count(path: str) -> int:
 
 
 def boots(host) -> list[str]:
-    """Boot ids with a black-box file, oldest first (by the time of their last sample)."""
-    d = host.fspath(paths.BLACKBOX_DIR)
-    out = []
-    for name in host.listdir(paths.BLACKBOX_DIR):
-        if name.endswith(".jsonl") and _ID.match(name[:-6]):
-            try:
-                out.append((os.stat(os.path.join(d, name)).st_mtime, name[:-6]))
-            except OSError:
-                pass
-    return [b for _, b in sorted(out)]
+    """Boot ids with a black-box file, oldest first (by their last write)."""
+    return boots_.order(boots_.blackbox_files(host), None)
 
 
 def read_boot(host, boot: int) -> tuple[str | None, list[dict]]:
-    """(boot id, samples) of boot ``boot``: 0 this boot, -1 the one before (journalctl's numbering)."""
-    ids = boots(host)
-    cur = boot_id(host)
-    older = [b for b in ids if b != cur]
-    if boot == 0:
-        bid = cur
-    elif boot < 0 and -boot <= len(older):
-        bid = older[boot]
-    else:
+    """(boot id, samples) of boot ``boot``: 0 this boot, -1 the one before (host/boots.py numbers boots by every
+    record they left, the event log's included, so events --boot N names the same boot)."""
+    from spark_memsaver.host import events
+    bid = boots_.resolve(host, boot, events.read(host))
+    if bid is None:
         return None, []
     out = []
     try:
