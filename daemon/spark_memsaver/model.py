@@ -192,6 +192,13 @@ class Holder(Section):
     _KINDS = {"pid": (int,), "comm": _STR}
 
 
+class Program(Section):
+    """A program the safety paths run that is not installed here (observe/programs.py), and its Debian package."""
+    name: str = ""
+    package: str = ""
+    _KINDS = {"name": _STR, "package": _STR}
+
+
 class DkmsBuild(Section):
     """A build of a registered version for one kernel and arch: built, and installed into the kernel's tree."""
     kernel: str = ""
@@ -270,10 +277,12 @@ class World(Section):
     hazard_inputs: dict | None = None
     guard: Guard = field(default_factory=Guard)
     unknown: list[str] = field(default_factory=list)
+    programs_missing: list[Program] = field(default_factory=list)
     observed_in_s: float | None = None
     _KINDS = {"host": Host, "driver": Driver, "uvm": Uvm, "kernels": [Kernel], "dkms": Dkms, "secure_boot": _ANY,
               "holders": [Holder], "memory": Memory, "records": Records, "driver_sources": _ANY,
-              "hazard_inputs": _DICT_N, "guard": Guard, "unknown": [_STR], "observed_in_s": _NUM_N}
+              "hazard_inputs": _DICT_N, "guard": Guard, "unknown": [_STR],
+              "programs_missing": [Program], "observed_in_s": _NUM_N}
 
     def kernel(self, release: str | None) -> Kernel | None:
         """The installed kernel ``release``, or None."""

@@ -57,9 +57,16 @@ def safe_intent(host: Host, op: str, kernel: str | None, *, removal: bool, probl
         return
     try:
         yield rec
-    except MemsaverError:
-        # a named refusal or failure: the engine has put back what it changed (stock stays selected);
-        # the caller reports it, and there is nothing left to recover
+    except MemsaverError as e:
+        if removal:
+            # a removal that stopped midway (depmod missing or failing, the stock module not verified): our files
+            # may be gone while the selection is not refreshed. The record stays, so status names the interruption
+            # and the next operation finishes the removal (exit 3 means just that)
+            with contextlib.suppress(Exception):
+                intents.update_intent(host, rec, phase="failed", error=f"{e.code}: {e.message}"[:500])
+            raise
+        # a named refusal or failure of a build or install: the engine has put back what it changed (stock stays
+        # selected); the caller reports it, and there is nothing left to recover
         with contextlib.suppress(OSError):
             intents.clear_intent(host, rec)
         raise

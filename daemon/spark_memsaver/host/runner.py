@@ -16,6 +16,24 @@ log = logs.lazy("spark_memsaver.run")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# The Debian package of each program spark-memsaver runs: a missing one is named with it (status's program-missing
+# finding, observe/programs.py, and every command's error).
+PACKAGES = {"dkms": "dkms", "depmod": "kmod", "modprobe": "kmod", "modinfo": "kmod", "insmod": "kmod", "kmod": "kmod",
+            "mokutil": "mokutil", "keyctl": "keyutils", "openssl": "openssl", "patch": "patch", "dpkg-deb": "dpkg",
+            "dpkg-query": "dpkg", "dpkg": "dpkg", "apt-get": "apt", "apt-cache": "apt", "dmesg": "util-linux",
+            "gcc": "gcc", "make": "make", "zstd": "zstd", "xz": "xz-utils", "tar": "tar", "nice": "coreutils",
+            "update-initramfs": "initramfs-tools"}
+
+
+def not_found(name: str) -> CommandNotFound:
+    """The named error for a program that is not installed: its Debian package and the command that installs it."""
+    pkg = PACKAGES.get(os.path.basename(name))
+    if pkg is None:
+        return CommandNotFound(f"'{name}' is not installed", remedy=f"Install the package that provides {name}.")
+    return CommandNotFound(f"'{name}' is not installed (Debian package {pkg})",
+                           remedy=f"Install it: 'sudo apt-get install {pkg}'.")
+
+
 def search_path(env_path: str | None = None, root: bool | None = None) -> str:
     """The PATH commands are looked up in and run with: the caller's absolute entries and SYSTEM_PATH.
 
@@ -134,7 +152,7 @@ class Runner:
         argv = [str(a) for a in argv]
         exe = argv[0] if os.sep in argv[0] else self.which(argv[0])
         if exe is None:
-            raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
+            raise not_found(argv[0])
         full_env = dict(os.environ, **(self.env or {}), **(env or {}))
         full_env.setdefault("LC_ALL", "C.UTF-8")
         full_env["PATH"] = search_path(full_env.get("PATH", ""))
@@ -144,8 +162,7 @@ class Runner:
                 proc = subprocess.Popen([exe] + argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=err, env=full_env, start_new_session=True)
             except FileNotFoundError:
-                raise CommandNotFound(f"'{argv[0]}' is not installed",
-                                      remedy=f"Install the package that provides {argv[0]}.") from None
+                raise not_found(argv[0]) from None
 
             def kill():
                 with contextlib.suppress(ProcessLookupError):
@@ -176,7 +193,7 @@ class Runner:
         argv = [str(a) for a in argv]
         exe = argv[0] if os.sep in argv[0] else self.which(argv[0])
         if exe is None:
-            raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
+            raise not_found(argv[0])
         full_env = dict(os.environ)
         full_env.setdefault("LC_ALL", "C.UTF-8")
         if self.env:
@@ -193,7 +210,7 @@ class Runner:
             raise CommandTimedOut(f"'{' '.join(argv)}' did not finish within {timeout:.0f} s",
                                   remedy="Check the system load and the command's logs, then retry.")
         except FileNotFoundError:
-            raise CommandNotFound(f"'{argv[0]}' is not installed", remedy=f"Install the package that provides {argv[0]}.")
+            raise not_found(argv[0])
         dt = time.monotonic() - t0
         log.debug("rc=%d %.3fs: %s", p.returncode, dt, " ".join(argv))
         res = Result(argv, p.returncode, p.stdout, p.stderr, dt)

@@ -352,7 +352,7 @@ def snapshot(host: Host, config=None):
     """Everything observed, as a model.World. config: the caller's (--config, the daemon's); never reloaded here
     when given."""
     from spark_memsaver.model import World
-    from spark_memsaver.observe import mok
+    from spark_memsaver.observe import mok, programs
     t0 = time.monotonic()
     h = observe_host(host)
     unknown = []
@@ -388,5 +388,6 @@ def snapshot(host: Host, config=None):
     from spark_memsaver.observe import guardlog
     shape["guard"] = {"ours_load_failed": guardlog.ours_load_failed(host, h["kernel"])}
     shape["unknown"] = unknown
+    shape["programs_missing"] = programs.missing(host)      # the guard's and the way back's, by name
     shape["observed_in_s"] = round(time.monotonic() - t0, 4)
     return World.from_json(shape, "snapshot")   # each section typed
