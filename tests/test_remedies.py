@@ -62,6 +62,10 @@ def _variants() -> dict:
     v("trusted_by_kernel_only", lambda s: s.update(secure_boot={"state": "not-enrolled", "reason": "r", "kernel": {
         "trusted_by_kernel": "yes", "trust_reason": "our certificate's key is in .secondary_trusted_keys"}}))
     v("dkms_missing", lambda s: s["dkms"].update(available=False))
+    # a program of the way back missing (decide/programs.py): kmod's, and dkms while DKMS still registers ours
+    v("depmod_missing", lambda s: s.update(programs_missing=[{"name": "depmod", "package": "kmod"}]))
+    v("dkms_missing_registered", lambda s: s["dkms"].update(available=False, registrations=[
+        {"module": "spark-memsaver-uvm", "version": "580.142-sm0.1.0", "source_present": True, "builds": []}]))
 
     def changed(s):
         s["kernels"][0]["uvm_selected"] = module(patched=True)
@@ -258,6 +262,8 @@ def every_finding_code() -> set[str]:
     codes |= {f"mok-{s}" for s in dm.STATES if s not in dm.LOADABLE and s != "unknown"}
     codes |= set(inst.CODES.values()) | {"driver-source-corrupt"}
     codes |= {"hazards-table-unreadable", HazardsInvalid.code, "hazard-check-failed"}
+    from spark_memsaver.decide import programs
+    codes.add(programs.CODE)
     codes |= {h.code for h in load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())}
     return codes
 
