@@ -285,3 +285,26 @@ def test_the_daemons_status_child_and_reconcile_job_keep_going(tmp_path):
     assert job.interval == 30 and job.invalid and job.invalid["line"] == 1, job
     from spark_memsaver.decide.plan import no_rebuild
     assert no_rebuild(job)[1] == "config-invalid"
+
+
+def test_a_removal_stopped_by_a_named_error_keeps_its_recovery_record(tmp_path):
+    """Exit 3 means a recorded interruption. A removal that stops on a named error midway (depmod missing or
+    failing after our files went, the stock module not verified) keeps its intent, marked failed with the error:
+    status names the interruption and the next operation finishes the removal (tests/FAULTS.md wb4, depmod).
+    Before, the record was cleared as if the engine had put everything back. A build or install that fails named
+    still clears it (its engine restores stock before raising)."""
+    from spark_memsaver.act import records_io as rio
+    from spark_memsaver.errors import CommandNotFound
+    from spark_memsaver.host import Host, intents
+    host = Host(tmp_path)
+    with pytest.raises(CommandNotFound):
+        with rio.safe_intent(host, "remove", K, removal=True, problems=[]):
+            raise CommandNotFound("'depmod' is not installed (Debian package kmod)")
+    (rec,), bad = intents.list_intents(host)
+    assert not bad and rec["op"] == "remove" and rec["kernel"] == K and rec["phase"] == "failed", rec
+    assert rec["error"] == "command-not-found: 'depmod' is not installed (Debian package kmod)", rec
+    intents.clear_intent(host, rec)
+    with pytest.raises(CommandNotFound):
+        with rio.safe_intent(host, "install", K, removal=False, problems=[]):
+            raise CommandNotFound("'dkms' is not installed")
+    assert intents.list_intents(host) == ([], [])
