@@ -201,12 +201,21 @@ def require_modules(*modules: str, interpreter: str | None = None, remedy: str =
 _NOT_INSTALLED = re.compile(r"'([^'/\s]+)' is not installed")
 # The programs the product runs (every Host.run argv[0]) and the Debian package of tools/deps/*.txt that gives
 # each (tests/test_needs.py checks the lists): only their absence is a machine gap. A product error naming any
-# other program (a misspelt name in the code) is a failure, also outside STRICT.
-PRODUCT_PROGRAMS = {
-    "dkms": "dkms", "depmod": "kmod", "modprobe": "kmod", "modinfo": "kmod", "insmod": "kmod", "kmod": "kmod",
-    "mokutil": "mokutil", "keyctl": "keyutils", "openssl": "openssl", "patch": "patch", "dpkg-deb": "dpkg",
-    "dpkg-query": "dpkg", "dpkg": "dpkg", "apt-get": "apt", "apt-cache": "apt", "dmesg": "util-linux",
-    "gcc": "gcc", "make": "make", "zstd": "zstd", "xz": "xz-utils", "tar": "tar", "nice": "coreutils"}
+# other program (a misspelt name in the code) is a failure, also outside STRICT. The product's own table
+# (host/runner.PACKAGES: its errors and status name the package), update-initramfs aside (initramfs-tools is the
+# host's choice, never a test dependency).
+# Read when first asked (needs.PRODUCT_PROGRAMS): a script that imports this module before the product is on
+# its path (benchmarks/) still can.
+@functools.cache
+def _product_programs() -> dict:
+    from spark_memsaver.host.runner import PACKAGES
+    return {name: pkg for name, pkg in PACKAGES.items() if name != "update-initramfs"}
+
+
+def __getattr__(name: str):
+    if name == "PRODUCT_PROGRAMS":
+        return _product_programs()
+    raise AttributeError(name)
 
 
 def environment_gap(exc: BaseException) -> str | None:
@@ -221,8 +230,9 @@ def environment_gap(exc: BaseException) -> str | None:
         return f"{exc.filename} is not installed (tools/deps/*.txt lists it)"
     if type(exc).__name__ == "CommandNotFound" and type(exc).__module__ == "spark_memsaver.errors":
         m = _NOT_INSTALLED.search(str(exc))
-        if m and m.group(1) in PRODUCT_PROGRAMS and which(m.group(1)) is None:
-            return f"{m.group(1)} is not installed (package {PRODUCT_PROGRAMS[m.group(1)]}, tools/deps/*.txt)"
+        progs = _product_programs()
+        if m and m.group(1) in progs and which(m.group(1)) is None:
+            return f"{m.group(1)} is not installed (package {progs[m.group(1)]}, tools/deps/*.txt)"
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         top = exc.name.split(".")[0]
         if importlib.util.find_spec(top) is None:
