@@ -241,6 +241,11 @@ def test_a_closed_pipe_keeps_the_commands_exit_code(tmp_path):
     root = sparkroot.make_spark_root(tmp_path / "root", ours_installed="580.95.05")   # a stale override: an error
     base = ["/usr/bin/python3", "-m", "spark_memsaver"]
     assert cli("--root", str(root), "status").returncode == 1
+    warned = sparkroot.make_spark_root(tmp_path / "warned")      # the node: a warning only (rolled back)
+    from spark_memsaver.host import Host, intents
+    intents.write_rollback(Host(warned), K, "the driver moved", code="stock-selected")
+    assert cli("--root", str(warned), "status").returncode == 1
+    assert _closed_pipe(base + ["--root", str(warned), "status"]) == 1
     for _ in range(3):
         assert _closed_pipe(base + ["--root", str(root), "status", "--verbose"]) == 1
         assert _closed_pipe(base + ["--root", str(root), "status", "--json"]) == 1
