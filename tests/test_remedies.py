@@ -62,10 +62,16 @@ def _variants() -> dict:
     v("trusted_by_kernel_only", lambda s: s.update(secure_boot={"state": "not-enrolled", "reason": "r", "kernel": {
         "trusted_by_kernel": "yes", "trust_reason": "our certificate's key is in .secondary_trusted_keys"}}))
     v("dkms_missing", lambda s: s["dkms"].update(available=False))
-    # a program of the way back missing (decide/programs.py): kmod's, and dkms while DKMS still registers ours
+    # what the way back needs (decide/wayback.py): a program (kmod's, and dkms while DKMS still registers ours), a
+    # selection that can be read (without and with an interrupted operation)
     v("depmod_missing", lambda s: s.update(programs_missing=[{"name": "depmod", "package": "kmod"}]))
     v("dkms_missing_registered", lambda s: s["dkms"].update(available=False, registrations=[
         {"module": "spark-memsaver-uvm", "version": "580.142-sm0.1.0", "source_present": True, "builds": []}]))
+    gone = {"state": "unreadable", "path": None, "version": None, "patched": None, "error": "modinfo -k K nvidia_uvm "
+            "failed (exit 1): modinfo: ERROR: could not get modinfo from 'nvidia_uvm': No such file or directory"}
+    v("selection_unreadable", lambda s: s["kernels"][0].update(uvm_selected=gone))
+    v("selection_unreadable_interrupted", lambda s: (s["kernels"][0].update(uvm_selected=gone), s["records"].update(
+        intents=[{"op": "remove", "started": "t", "kernel": K}])))
 
     def changed(s):
         s["kernels"][0]["uvm_selected"] = module(patched=True)
@@ -262,8 +268,8 @@ def every_finding_code() -> set[str]:
     codes |= {f"mok-{s}" for s in dm.STATES if s not in dm.LOADABLE and s != "unknown"}
     codes |= set(inst.CODES.values()) | {"driver-source-corrupt"}
     codes |= {"hazards-table-unreadable", HazardsInvalid.code, "hazard-check-failed"}
-    from spark_memsaver.decide import programs
-    codes.add(programs.CODE)
+    from spark_memsaver.decide import wayback
+    codes |= {wayback.CODE, wayback.UNREADABLE}
     codes |= {h.code for h in load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())}
     return codes
 

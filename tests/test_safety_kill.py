@@ -162,6 +162,10 @@ def test_sigkill_mid_step_then_status_names_it_and_its_remedy_works(nodes, tmp_p
     doc = _status(root)
     found = {f["code"]: f for f in doc["findings"]}
     assert "operation-interrupted" in found, (point, sorted(found))
+    from spark_memsaver.host import Host
+    from spark_memsaver.observe import modules
+    if modules.read_selected(Host(root), K)["state"] == "unreadable":    # the index names a file that went
+        assert "selection-unreadable" in found and "reconcile" in found["selection-unreadable"]["remedy"], found
     remedy = found["operation-interrupted"]["remedy"]
     cmd = remedy.split("'sudo spark-memsaver ", 1)[1].split("'", 1)[0].split()
     # the remedy, as the administrator runs it (the real dkms on this root's tree, nothing killed now)

@@ -15,7 +15,7 @@ from spark_memsaver.decide import ours
 from spark_memsaver.decide import installability as inst_mod
 from spark_memsaver import remedy as rm
 from spark_memsaver.decide import mok as mok_decide
-from spark_memsaver.decide import programs
+from spark_memsaver.decide import wayback
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")
@@ -210,7 +210,7 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
     # 1b. Known faults of the NVIDIA driver around our module (uvm_patch/hazards.yaml): shown on every
     #     path below, including not-applicable.
     f.extend(Finding(**x) for x in findings_from_inputs(snap.hazard_inputs))
-    f.extend(Finding(*x) for x in programs.findings(snap))   # 1c. a program the way back needs, by name
+    f.extend(Finding(*x) for x in wayback.findings(snap))   # 1c. what the way back needs (decide/wayback.py)
 
     # 2. Safety first: a patched module selected or loaded beside a different driver's nvidia.ko.
     mismatch = False

@@ -1,7 +1,7 @@
 """Which programs the safety paths run are not installed here: kmod's modprobe, modinfo and insmod (the load-time
 guard and the reload after a rollback) and depmod (every removal refreshes the module selection with it). Looked up
 as Host.run looks them up (host/runner.search_path), so status names the missing one and its Debian package
-(decide/programs.py) instead of a command failing later with a generic error. dkms is observe/snapshot's
+(decide/wayback.py) instead of a command failing later with a generic error. dkms is observe/snapshot's
 ``dkms.available``."""
 
 from __future__ import annotations
