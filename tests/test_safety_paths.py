@@ -313,3 +313,22 @@ def test_a_removal_stopped_by_a_named_error_keeps_its_recovery_record(tmp_path):
         with rio.safe_intent(host, "install", K, removal=False, problems=[]):
             raise CommandNotFound("'dkms' is not installed")
     assert intents.list_intents(host) == ([], [])
+
+
+def test_status_names_a_selection_it_cannot_read_and_depmod_mends_it(tmp_path):
+    """Our file gone while the module index still names it (a removal stopped before depmod, a file deleted by
+    hand): status names it (selection-unreadable, the guard never loads it) -- before, it said only "stock: The
+    stock nvidia-uvm is selected" -- and its remedy, depmod for that kernel, makes kmod select the stock module."""
+    needs.require("depmod")
+    root = sparkroot.make_spark_root(tmp_path / "root", ours_installed=sparkroot.DRIVER)
+    (root / f"lib/modules/{K}/updates/dkms/nvidia-uvm.ko").unlink()
+    doc = json.loads(cli("--root", str(root), "status", "--json").stdout)
+    found = {f["code"]: f for f in doc["findings"]}
+    assert "selection-unreadable" in found and found["selection-unreadable"]["kernel"] == K, sorted(found)
+    assert found["selection-unreadable"]["remedy"] == f"Run 'sudo depmod -a {K}' to rebuild the module index.", found
+    r = subprocess.run(["depmod", "-b", str(root), "-a", K], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cli("--root", str(root), "status", "--json").stdout)
+    assert "selection-unreadable" not in [f["code"] for f in doc["findings"]]
+    (k,) = doc["kernels"]
+    assert k["uvm_selected"]["version"] == sparkroot.DRIVER and not k["uvm_selected"]["patched"], k
