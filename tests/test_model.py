@@ -58,7 +58,8 @@ def test_the_shape_is_the_snapshots(roots):
     """Key for key and in order: what the dict snapshot had (the status document is built from it)."""
     d = world.snapshot(Host(roots["ours-packing"]), Config()).as_json()
     assert list(d) == ["host", "driver", "uvm", "kernels", "dkms", "secure_boot", "holders", "memory", "records",
-                       "driver_sources", "hazard_inputs", "guard", "unknown", "observed_in_s"]
+                       "driver_sources", "hazard_inputs", "guard", "unknown", "programs_missing",
+                       "observed_in_s"]
     assert list(d["host"]) == ["kernel", "arch", "page_size"]
     assert list(d["records"]) == ["intents", "rollbacks", "holds", "last_validation", "unreadable", "quarantined"]
     k = d["kernels"][0]

@@ -41,6 +41,7 @@ OURS = {
     "spark_memsaver.world.support", "spark_memsaver.yamlio",
     "spark_memsaver.opnames",       # the one table of operations: remedy.py's root commands (issue 34)
     "spark_memsaver.world.tree",    # the one source tree: qualification hashes the tree the build compiles
+    "spark_memsaver.observe.programs", "spark_memsaver.decide.wayback",   # the way back's programs, by name (35)
 }
 # everything else, by top-level name (what a bare interpreter already has is not counted). Not here, on purpose:
 # click (the lean entry), logging, subprocess, signal (nothing is logged or run on a warm root), yaml (the
