@@ -40,10 +40,9 @@ PACKAGE = statespace.PACKAGE
 # program, and leaves a mark; depmod counts only when the CLI itself runs it (not DKMS's own depmod).
 STANDIN = r"""#!/bin/bash
 tool=$(basename "$0")
-real=("${@}")
 if [ "$tool" = dkms ]; then run() { "$SM_REAL_DKMS" "$@" -a aarch64 --dkmstree "$SM_ROOT/var/lib/dkms" \
     --sourcetree "$SM_ROOT/usr/src" --installtree "$SM_ROOT/lib/modules"; }
-else run() { (exec -a depmod /usr/bin/kmod "$@"); }
+else run() { (exec -a depmod "$SM_KMOD" "$@"); }
 fi
 read -r at_tool at_arg at_when <<< "${SM_KILL_AT:-- - -}"
 hit=
@@ -118,7 +117,7 @@ def _killed(nodes, root: Path, tmp: Path, path: str, point: str) -> Path:
     mark = tmp / "killed-at"
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'daemon'}", PYTHONDONTWRITEBYTECODE="1",
                SPARK_MEMSAVER_DKMS=str(nodes["bin"] / "dkms"), SM_REAL_DKMS=shutil.which("dkms"), SM_ROOT=str(root),
-               SM_KILL_AT=POINTS[point], SM_MARK=str(mark))
+               SM_KMOD=os.path.realpath(shutil.which("depmod")), SM_KILL_AT=POINTS[point], SM_MARK=str(mark))
     for k in ("SPARK_MEMSAVER_CONFIG", "APT_HOOK_INFO_FD"):
         env.pop(k, None)
     cmd = " ".join(shlex.quote(a) for a in ["/usr/bin/python3", "-m", "spark_memsaver", "--root", str(root), *argv])
@@ -144,7 +143,7 @@ def _half_done(root: Path) -> list[str]:
 
 def _cases():
     """Every path x every kill point; light: each point once and each path at least once (a diagonal), the rest
-    marked slow (about 1 s a case)."""
+    marked slow (1-2 s a case)."""
     paths, out = list(PATHS), []
     for i, point in enumerate(POINTS):
         for j, path in enumerate(paths):
