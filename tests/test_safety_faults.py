@@ -1,9 +1,9 @@
-"""The way back always works, whatever else is broken (issue 35, item 11): tests/FAULTS.md rows s1-s5.
+"""The way back always works, whatever else is broken (issue 35, item 11): tests/FAULTS.md rows wb1-wb4.
 
 Each safety path -- rollback, remove, the APT door's removal before a driver upgrade, reconcile's removal of a
 stale override, status -- on a Spark-shaped root (tests/support/sparkroot.py: real ELF modules, real depmod, real
-DKMS) with one broken input: six config shapes and a hostile one (a FIFO), four corrupt records (one shape each on
-another kind), dkms missing, modprobe missing, a read-only or full /var/lib/spark-memsaver. After it, the module kmod
+DKMS) with one broken input: six config shapes and a hostile one (a FIFO), four corrupt-record shapes on each of
+four kinds, dkms, modprobe or depmod missing, a read-only or full /var/lib/spark-memsaver. After it, the module kmod
 selects is stock or built for the nvidia.ko beside it (status changes nothing), and the fault is named: status's
 findings, or for what status cannot see (a read-only state directory) the command's own result.
 
@@ -66,13 +66,18 @@ CONFIGS = {
     "fifo": (lambda p: _write(p, None, "fifo"), "not a regular file"),
 }
 
-# corrupt records: four shapes, each on a kind the safety paths read
-RECORDS = {
-    "hold-not-json": (f"{STATE}/holds/{K}.json", '{"by": "remove", "kernel": '),
-    "rollback-wrong-type": (f"{STATE}/rollbacks/{K}.json", "[]"),
-    "intent-wrong-fields": (f"{STATE}/intents/x.json", '{"op": 7, "kernel": ["no"]}'),
-    "stock-record-empty": (f"{STATE}/dkms/{K}.json", ""),
+# corrupt records: four shapes (torn JSON, another JSON type, fields of the wrong type, empty) on each of the four
+# kinds the safety paths read (issue 35 item 11: "4 corrupt-record shapes per kind")
+KINDS = {
+    "hold": (f"{STATE}/holds/{K}.json", '{"by": 7, "kernel": ["no"], "since": {}}'),
+    "rollback": (f"{STATE}/rollbacks/{K}.json", '{"kernel": 7, "reason": [], "time": 1}'),
+    "intent": (f"{STATE}/intents/remove-{K}.json", '{"op": 7, "kernel": ["no"], "pid": "x"}'),
+    "stock-record": (f"{STATE}/dkms/{K}.json", '{"kernel": 7, "stock_path": ["/etc/passwd"], "stock_sha256": 1}'),
 }
+SHAPES = {"not-json": lambda fields: fields[:12], "wrong-type": lambda fields: "[]",
+          "wrong-fields": lambda fields: fields, "empty": lambda fields: ""}
+RECORDS = {f"{kind}-{shape}": (rel, make(fields)) for kind, (rel, fields) in KINDS.items()
+           for shape, make in SHAPES.items()}
 
 
 @pytest.fixture(scope="module")
