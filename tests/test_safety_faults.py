@@ -177,8 +177,20 @@ def test_safety_path_with_a_broken_config(templates, tmp_path, monkeypatch, path
         assert [f["code"] for f in doc["findings"]].count("config-invalid") == 1, doc["findings"]
 
 
-@pytest.mark.parametrize("record", sorted(RECORDS))
-@pytest.mark.parametrize("path", sorted(PATHS))
+def _record_cases():
+    """Every path x kind x shape; light: four a path, so that each kind and each shape meets each path once in the
+    light suite (a Latin square), the other 60 marked slow (0.2-0.3 s each)."""
+    out = []
+    for p, path in enumerate(sorted(PATHS)):
+        for k, kind in enumerate(KINDS):
+            for sh, shape in enumerate(SHAPES):
+                light = (k + sh + p) % len(SHAPES) == 0
+                out.append(pytest.param(path, f"{kind}-{shape}", id=f"{path}-{kind}-{shape}",
+                                        marks=() if light else pytest.mark.slow))
+    return out
+
+
+@pytest.mark.parametrize("path,record", _record_cases())
 def test_safety_path_with_a_corrupt_record(templates, tmp_path, monkeypatch, path, record):
     root = _node(templates, tmp_path, path)
     (root / CONFIG).parent.mkdir(parents=True, exist_ok=True)
