@@ -7,7 +7,8 @@ what the executor needs on top of it:
   True), an OSError while writing the record (full disk, read-only state directory) does not stop the
   step: it proceeds without a record and the failure is reported in ``problems`` (the result's
   ``record_problems`` and a ``record-write-failed`` finding). Any other step refuses without a record
-  (:class:`RecordWriteFailed`), since nothing could recover it after a kill.
+  (:class:`RecordWriteFailed`), since nothing could recover it after a kill. A removal that stops on a named
+  error keeps its record (phase "failed"): the next operation finishes it; a build or install clears it.
 - build records (``/var/lib/spark-memsaver/builds/<kernel>.json``): the settings (tier, kernels policy)
   the installed build of a kernel was made with; reconcile compares them with the current config.
 """
