@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from spark_memsaver import world
+from spark_memsaver import remedy as rm
 from spark_memsaver.act import activate as act_activate
 from spark_memsaver.act import executor
 from spark_memsaver.config import Config
@@ -54,12 +55,21 @@ def der(pem: Path) -> bytes:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("k")
-    return {"ours": _openssl_cert(d, "ours", "/CN=DKMS module signing key").read_bytes(),
-            "vendor": _openssl_cert(d, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()}
+    ours = _openssl_cert(d, "ours", "/CN=DKMS module signing key")
+    PAIRS[ours.read_bytes()] = (d / "ours.key", ours)
+    return {"ours": ours.read_bytes(), "vendor": _openssl_cert(d, "vendor", "/O=Example/CN=Example Vendor CA")
+            .read_bytes()}
+
+
+PAIRS: dict = {}          # certificate (DER) -> (key, certificate file) of the pairs the fixture made
 
 
 def node(base: Path, cert: bytes, variables: dict, *, uvm="stock", ours="580.142", files=None) -> Path:
-    root = sparkroot.make_spark_root(base, uvm_loaded=uvm, ours_installed=ours, secure_boot=True)
+    """A Spark root with Secure Boot on and ``cert`` as DKMS's certificate; ours, when installed, is signed with
+    ``cert``'s own key where the fixture made that pair (what DKMS does: it signs with the certificate it has),
+    else with a key pair of the root's own."""
+    pair = PAIRS.get(cert)
+    root = sparkroot.make_spark_root(base, uvm_loaded=uvm, ours_installed=ours, secure_boot=True, signing=pair)
     vd = root / "sys/firmware/efi/efivars"
     for name, raw in variables.items():
         (vd / f"{name}-{SHIM}").write_bytes(raw)
@@ -144,6 +154,38 @@ def test_installed_before_enrollment_says_when_it_becomes_active(tmp_path, keys)
     r = f["mok-not-enrolled"].remedy
     assert r.index("sudo spark-memsaver mok enroll") < r.index("reboot") < r.index("confirm") < r.index("by itself")
     sudo_everywhere(v.findings)
+
+
+def test_new_key_pair_next_rebuilds_and_installs_before_enrolling(tmp_path, keys):
+    """After the blocked key is replaced by a new pair (mok-blocked's remedy), the installed module is still
+    signed with the old key: Next is 'build --force' then 'install' (signed with the new key), then the
+    enrollment -- not 'mok enroll' alone, which would enroll a key nothing loaded is signed with. (Before:
+    Next was 'mok enroll'; nothing compared the module's signer with the configured certificate.)"""
+    old = keys["ours"]
+    root = node(tmp_path / "r", old, {"MokListRT": efivar(A_VOLATILE, x509_list(keys["vendor"])),
+                                      "MokListXRT": efivar(A_VOLATILE, x509_list(old))})
+    doc = json.loads(cli(root, "status", "--json").stdout)
+    assert doc["secure_boot"]["state"] == "blocked" and "signed-with-other-key" not in \
+        {f["code"] for f in doc["findings"]}, doc["findings"]      # signed with the key it has: the pair comes first
+    new = _openssl_cert(tmp_path, "new", "/CN=spark-memsaver-signing")
+    (root / "var/lib/dkms/mok.pub").write_bytes(new.read_bytes())     # the new pair is the one DKMS signs with now
+    doc = json.loads(cli(root, "status", "--json").stdout)
+    assert doc["secure_boot"]["state"] == "not-enrolled", doc["secure_boot"]
+    nxt = cli(root, "status").stdout.split("Next:", 1)[1].split("\n", 1)[0].strip()
+    cmds = rm.commands_in(nxt)
+    assert cmds[:2] == [f"sudo spark-memsaver build --kernel {K} --force && sudo spark-memsaver install --kernel {K}",
+                        "sudo spark-memsaver mok enroll"], nxt
+    f = {x["code"]: x for x in doc["findings"]}
+    assert f["signed-with-other-key"]["remedy"] == f["installed-awaiting-key"]["remedy"], f
+    assert "spark-memsaver fixture" not in f["signed-with-other-key"]["message"]
+    plan = json.loads(cli(root, "build", "--kernel", K, "--force", "--dry-run", "--json").stdout)
+    assert [s["action"] for s in plan["steps"]] == ["build"], plan          # the step Next names, not refused
+    # the module signed with the new key: enrolling is what is left
+    sparkroot.sign_module(root / f"lib/modules/{K}/updates/dkms/nvidia-uvm.ko", tmp_path / "new.key", new)
+    doc = json.loads(cli(root, "status", "--json").stdout)
+    assert "signed-with-other-key" not in {x["code"] for x in doc["findings"]}
+    assert rm.commands_in(cli(root, "status").stdout.split("Next:", 1)[1].split("\n", 1)[0])[0] == \
+        "sudo spark-memsaver mok enroll"
 
 
 def test_stock_node_remedy_order_and_sudo(tmp_path, keys):

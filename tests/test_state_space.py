@@ -157,6 +157,9 @@ def check_next(root: str, doc: dict) -> list[str]:
     code, plan, err = dry_run(root, cmd)
     if path == "activate" and (plan or {}).get("at_next_boot") and (next_step(doc) or "").startswith("Stop "):
         return []                       # a person stops the CUDA work first: Next says so, activate waits for it
+    if path == "reconcile" and (next_step(doc) or "").startswith("Stop ") and \
+            any(s["action"] == "blocked" for s in own(plan or {})):
+        return []                       # the same: reconcile waits (blocked) until /dev/nvidia-uvm is unused
     if code != 0 or plan is None or "error" in plan:
         return [f"Next {cmd!r}: its dry run refuses (exit {code}): {(plan or {}).get('error') or err[:300]}"]
     steps = own(plan)
@@ -238,8 +241,8 @@ def follow(root: str, env: dict) -> tuple[str, list[str]]:
             return "too long", p + [f"Next not done within {MAX_STEPS} steps: {seen}"]
         cmd = next_command(doc)
         _, argv = split(cmd or "")
-        if argv[:1] != ["spark-memsaver"]:
-            return "person or system step", p
+        if argv[:1] != ["spark-memsaver"] or nxt.startswith("Stop "):
+            return "person or system step", p           # a person stops the CUDA work first
         path, _ = parse(cmd)
         if path in ("install", "build") or path.startswith("mok") or path == "activate":
             return {"activate": "activate (the live node)"}.get(path, f"{path} (a compile or the console)"), p

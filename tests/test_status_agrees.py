@@ -215,3 +215,22 @@ def test_activation_pending_beside_another_running_driver_says_reboot(tmp_path, 
     assert nxt.startswith("Reboot: nvidia.ko 580.142 on disk"), nxt
     code, _, err = cli("--root", root, "activate", "--dry-run")
     assert code == 1 and "Reboot: nvidia.ko 580.142 on disk" in err, err
+
+
+def test_loaded_driver_mismatch_next_reloads_without_a_hold(tmp_path, bases):
+    """Ours loaded for 580.142 beside a loaded nvidia 580.95.05: Next was 'rollback', which writes the
+    administrator's hold (automation then leaves the kernel stock for good) where nothing asked for one. The step
+    is reconcile's reload (no hold), or a reboot; with the device in use, a person stops the work first."""
+    root = _state(tmp_path, bases, base="ours", loaded="ours", nvidia="580.95.05")
+    nxt = _next(root)
+    assert nxt.startswith("Run 'sudo spark-memsaver reconcile'") and "rollback" not in nxt, nxt
+    _, plan, _ = cli("--root", root, "reconcile", "--dry-run", "--json")
+    assert "reload-uvm" in [s["action"] for s in json.loads(plan)["steps"]], plan
+    code, done, _ = cli("--root", root, "reconcile", "--json")
+    assert code == 0, done
+    _, doc, _ = cli("--root", root, "status", "--json")
+    assert json.loads(doc).get("hold") is None, doc
+    busy = _state(tmp_path / "busy", bases, base="ours", loaded="ours", nvidia="580.95.05", holders=1)
+    nxt = _next(busy)
+    assert nxt.startswith("Stop the CUDA work using /dev/nvidia-uvm (vllm-worker[4242]), then run 'sudo "
+                          "spark-memsaver reconcile'") and "rollback" not in nxt, nxt

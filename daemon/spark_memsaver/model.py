@@ -131,6 +131,7 @@ class ModuleSelection(Section):
     srcversion: str | None = None
     vermagic: str | None = None
     signer: str | None = None
+    sig_key: str | None = None         # modinfo's sig_key: the signing certificate's serial (or key id)
     depends: list = field(default_factory=list)
     patched: bool | None = False
     patch_id: str | None = None
@@ -138,8 +139,8 @@ class ModuleSelection(Section):
     state: str | None = None
     error: str | None = None
     _KINDS = {"path": _STR_N, "version": _STR_N, "srcversion": _STR_N, "vermagic": _STR_N, "signer": _STR_N,
-              "depends": _LIST, "patched": _BOOL_N, "patch_id": _STR_N, "ours": _BOOL_N, "state": _STR_N,
-              "error": _STR_N}
+              "sig_key": _STR_N, "depends": _LIST, "patched": _BOOL_N, "patch_id": _STR_N, "ours": _BOOL_N,
+              "state": _STR_N, "error": _STR_N}
 
 
 class Kernel(Section):

@@ -62,7 +62,7 @@ DIMS = (
     ("loaded", ("stock", "none", "ours", "ours-256", "ours-off", "ours-unmet")),
     ("nvidia", (DRIVER, "none", OLD)),
     ("holders", (0, 1)),
-    ("sb", ("off", "no-efi", "on", "on-key")),
+    ("sb", ("off", "no-efi", "on", "on-key", "on-newkey")),
     ("hold", ("none", "kernel", "all", "unreadable")),
     ("intent", ("none", "install", "remove", "corrupt")),
     ("record", ("none", "rollback", "bad-rollback", "bad-build", "stock-record")),
@@ -102,11 +102,13 @@ def sample(rng, n: int) -> list[dict]:
 def make_bases(where: Path) -> dict[str, Path]:
     """One real fixture root per base (gcc-built modules, real depmod), copied for each state."""
     out = {}
-    for name, kw in BASES.items():
-        out[name] = sparkroot.make_spark_root(where / name, uvm_loaded=None, loaded_driver=None, secure_boot=None,
-                                              **kw)
     key, crt = sparkroot.make_signing_key(where / "mok-keys", "DKMS module signing key")
+    for name, kw in BASES.items():       # ours signed with DKMS's key pair, as DKMS signs it
+        out[name] = sparkroot.make_spark_root(where / name, uvm_loaded=None, loaded_driver=None, secure_boot=None,
+                                              signing=(key, crt), **kw)
     out["_mok_pub"] = crt
+    # a new pair (the blocked key replaced, mok-blocked's remedy): ours on disk is still signed with the old one
+    out["_new_pub"] = sparkroot.make_signing_key(where / "new-keys", "spark-memsaver-signing")[1]
     for drv in (DRIVER, OLD):      # what DKMS would have built for K (a copy per state, no compiler run)
         out[f"_ko_{drv}"] = sparkroot.make_module(where / f"ko-{drv}/nvidia-uvm.ko", sparkroot.uvm_fields(
             drv, sparkroot.OURS_UVM_SRCVERSION, K, ours=True))
@@ -156,8 +158,8 @@ def build(state: dict, bases: dict, dest: Path) -> Path:
         efi = f"/sys/firmware/efi/efivars/%s-{sparkroot.EFI_GLOBAL}"
         _w(dest, efi % "SecureBoot", b"\x06\x00\x00\x00" + (b"\x01" if sb.startswith("on") else b"\x00"))
         _w(dest, efi % "SetupMode", b"\x06\x00\x00\x00\x00")
-        if sb == "on-key":
-            _w(dest, "/var/lib/dkms/mok.pub", bases["_mok_pub"].read_bytes())
+        if sb in ("on-key", "on-newkey"):
+            _w(dest, "/var/lib/dkms/mok.pub", bases["_mok_pub" if sb == "on-key" else "_new_pub"].read_bytes())
     hold = state["hold"]
     if hold in ("kernel", "all"):
         holds.hold(host, "rollback" if hold == "kernel" else "remove", K if hold == "kernel" else None, "requested")

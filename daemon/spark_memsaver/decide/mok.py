@@ -25,6 +25,32 @@ def state_loadable(state: str | None) -> bool:
     """The ONE rule: does a module signed by our key load in this Secure Boot / MOK state (status, installability,
     activate, the section's ``loadable``, which also asks the running kernel's trust)."""
     return state in LOADABLE
+
+
+def _key_id(text) -> str | None:
+    """A serial or key id as hex without separators or leading zero bytes (DER keeps a 00 before a serial whose
+    top bit is set; modinfo prints the bytes as they are)."""
+    if not isinstance(text, str) or not text:
+        return None
+    h = text.replace(":", "").lower()
+    while len(h) > 2 and h.startswith("00"):
+        h = h[2:]
+    return h or None
+
+
+def signed_with(sel, certificate: dict | None) -> bool | None:
+    """The ONE rule of "is this module file signed with the configured certificate": the module's signature key
+    id (modinfo ``sig_key``, observe/modules: the serial sign-file writes, or the subject key id with ``-k``)
+    against the certificate's serial and key id (the secure_boot section's ``certificate``). None when either
+    side cannot tell (no module, an unsigned module, no certificate)."""
+    sig = _key_id(sel.get("sig_key") if isinstance(sel, dict) else getattr(sel, "sig_key", None))
+    cert = certificate if isinstance(certificate, dict) else {}
+    mine = {x for x in (_key_id(cert.get("serial")), _key_id(cert.get("key_id"))) if x}
+    if sig is None or not mine:
+        return None
+    return sig in mine
+
+
 PASSWORD_MIN, PASSWORD_MAX = 1, 256          # mokutil's limits for an import password
 
 # --- named errors ------------------------------------------------------------------------------------

@@ -248,7 +248,8 @@ def plan(snap, config: Config, support: dict | None = None, *, alive_pids: set[i
             steps.append(Step("blocked", None, "a patched nvidia-uvm for {} is loaded beside nvidia {} and is in use "
                               "by {}".format(base_version(uvm.version), loaded_nv,
                                              ", ".join(f"{h.comm}[{h.pid}]" for h in holders)),
-                              remedy="Stop the CUDA processes, then run 'sudo spark-memsaver rollback', or reboot."))
+                              remedy="Stop the CUDA processes, then run 'sudo spark-memsaver reconcile' (it reloads "
+                              "nvidia-uvm and holds nothing), or reboot."))
         else:
             removals.append(Step("reload-uvm", None, "a patched nvidia-uvm for {} is loaded beside nvidia {}: "
                                  "unloading it (no users) and loading the selected one".format(

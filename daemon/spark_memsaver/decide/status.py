@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from spark_memsaver.record import Record, asdict, field
 
 from spark_memsaver.config import Config
 from spark_memsaver.decide import policy
@@ -19,31 +18,9 @@ from spark_memsaver.decide import wayback
 
 STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
           "rolled-back", "needs-attention", "unverified")
-SEVERITIES = ("info", "warning", "error")
+from spark_memsaver.decide.findings import SEVERITIES, Finding, Verdict, needs_first  # noqa: F401  (their home)
+from spark_memsaver.decide.sbfindings import other_key_finding, secure_boot_findings  # noqa: F401
 
-
-
-class Finding(Record, frozen=True):
-    code: str
-    severity: str
-    message: str
-    remedy: str = ""
-    kernel: str | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        if d["kernel"] is None:
-            del d["kernel"]
-        return d
-
-
-class Verdict(Record):
-    state: str
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def problem(self) -> bool:
-        return any(f.severity in ("warning", "error") for f in self.findings)
 
 
 def config_changed(snap, config: Config, support: dict | None = None) -> list[Finding]:
@@ -132,45 +109,15 @@ def install_advice(decision: dict | None) -> tuple[str, str]:
             f"first ({names}); each says how.")
 
 
-def needs_first(decision: dict | None, remedy: str, joint: str = "then:") -> str:
-    """``remedy`` as it stands, or -- when it starts with an install or build that would be refused for the
-    running kernel now (decide/installability.py) -- the missing piece's own remedy first."""
-    first = (rm.commands_in(remedy) or [""])[0]
-    if decision is None or not decision["missing"] or not re.search(r"spark-memsaver (install|build)\b", first):
-        return remedy
-    return f"{decision['missing'][0]['remedy'].rstrip('.')}; {joint} {remedy[:1].lower()}{remedy[1:]}"
-
-
-def secure_boot_findings(snap, sb: dict, sb_state: str) -> list[Finding]:
-    """ours-load-failed (the guard's last refusal in this boot, while ours is not loaded) and
-    mok-not-trusted-by-kernel (enrolled in the firmware, absent from the running kernel's keyrings) and
-    mok-trusted-by-kernel-only (the reverse: trusted by the running kernel, in neither MokListRT nor db)."""
-    out = []
-    uvm = snap.uvm
-    fail = snap.guard.ours_load_failed
-    if fail and not (uvm.loaded and ours.is_ours(uvm)):
-        cause = mok_decide.LOAD_FAILURE_CAUSES.get(fail["cause"], fail["reason"])
-        inuse = "the stock module is in use" if uvm.loaded else "no nvidia-uvm is loaded"
-        if fail["cause"] in ("key-not-trusted", "signature-required"):
-            remedy = mok_decide.enrollment_remedy(sb) if not mok_decide.state_loadable(sb_state) \
-                else mok_decide.KERNEL_DISTRUST_REMEDY
-        else:
-            remedy = "Run 'sudo spark-memsaver reconcile': it rebuilds ours for this kernel and driver, or rolls back."
-        out.append(Finding("ours-load-failed", "warning",
-                           f"Our module was refused by the kernel: {cause}; {inuse} (at {fail['time']}: "
-                           f"{fail['reason']}).", remedy, fail["kernel"]))
-    k = sb.get("kernel") or {}
-    if sb_state == "enrolled" and k.get("trusted_by_kernel") == "no":
-        out.append(Finding("mok-not-trusted-by-kernel", "warning",
-                           "Our signing key is enrolled in the firmware but the running kernel does not trust it ("
-                           + (k.get("trust_reason") or "not in its keyrings") + "): modules it signs will not load.",
-                           mok_decide.KERNEL_DISTRUST_REMEDY))
-    if sb_state == "not-enrolled" and k.get("trusted_by_kernel") == "yes":
-        out.append(Finding("mok-trusted-by-kernel-only", "info",
-                           "The running kernel trusts our signing key (" + (k.get("trust_reason") or "in its keyrings")
-                           + ") although it is in neither MokListRT nor db: spark-memsaver activates only with a key "
-                           "the firmware keeps for every kernel the node boots.", mok_decide.enrollment_remedy(sb)))
-    return out
+def reload_remedy(holders) -> str:
+    """loaded-driver-mismatch: reconcile reloads nvidia-uvm (the guard then loads the module built for the loaded
+    driver) and holds nothing; rollback would hold the kernel on stock for good, which this state does not ask."""
+    cmd = rm.run("spark-memsaver reconcile")
+    if not holders:
+        return (f"{cmd}: nothing uses /dev/nvidia-uvm, so it reloads nvidia-uvm (the guard loads the module "
+                "built for the loaded driver); or reboot.")
+    who = ", ".join(f"{h.comm}[{h.pid}]" for h in holders)
+    return f"Stop the CUDA work using /dev/nvidia-uvm ({who}), then {cmd[:1].lower()}{cmd[1:]}; or reboot."
 
 
 def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
@@ -228,7 +175,7 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         mismatch = True
         f.append(Finding("loaded-driver-mismatch", "error",
                          f"The loaded nvidia-uvm is ours for {uvm.version} but nvidia {loaded_nv} is loaded.",
-                         f"Stop CUDA work and run '{rm.sm('rollback')}', or reboot."))
+                         reload_remedy(snap.holders)))
 
     # 2b. A build made with other settings than the config's now.
     f.extend(config_changed(snap, config, support))
@@ -260,7 +207,11 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         f.append(Finding("secure-boot-unknown", "warning",
                          "Secure Boot / MOK state could not be read: " + (sb.get("reason") or "unknown reason") + ".",
                          inst_mod.secure_boot_unknown_remedy(sb)))
-    elif not mok_decide.state_loadable(sb_state) and sb_state:
+    other = other_key_finding(snap, sb, sb_state)      # ours signed with another key: rebuild before enrolling
+    if other is not None:
+        other = Finding(other.code, other.severity, other.message, needs_first(decision, other.remedy), other.kernel)
+        f.append(other)
+    if sb_state != "unknown" and not mok_decide.state_loadable(sb_state) and sb_state:
         why = f" ({sb['reason']})" if sb.get("reason") else ""
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
@@ -375,8 +326,10 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
             if sb_state != "unknown":
                 f.append(Finding("installed-awaiting-key", "info",
                                  "Our nvidia-uvm is installed — it becomes active after the key is enrolled and the "
-                                 "node rebooted; the stock nvidia-uvm stays in use until then.",
-                                 mok_decide.enrollment_remedy(sb), rk))
+                                 "node rebooted; the stock nvidia-uvm stays in use until then." if other is None else
+                                 "Our nvidia-uvm is installed but signed with another key than the one to enroll: "
+                                 "it becomes active once rebuilt, the key enrolled and the node rebooted.",
+                                 mok_decide.enrollment_remedy(sb) if other is None else other.remedy, rk))
             return Verdict("unverified", f)
         if any(x.code in ("ours-load-failed", "mok-not-trusted-by-kernel") for x in f):
             return Verdict("needs-attention", f)

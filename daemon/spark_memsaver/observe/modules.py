@@ -76,13 +76,22 @@ def classify(info: dict) -> str:
     return "stock"
 
 
+def _sig_key(text) -> str | None:
+    """modinfo's ``sig_key`` (the signing certificate's serial, or its subject key id: ``AB:CD:..``), kept only
+    in that shape: it is read from a module file we may not have written."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    return text if re.fullmatch(r"[0-9A-Fa-f]{1,2}(?::[0-9A-Fa-f]{1,2}){0,63}", text) else None
+
+
 def _fields(info: dict) -> dict:
     parms = sorted({safe(p.split(":", 1)[0], 128) for p in (info.get("parm") or []) + (info.get("parmtype") or [])})
     state = classify(info)
     signer = info.get("signer")      # shown only: a module's parameters and signer are text we did not write
     return {"state": state, "version": info.get("version"), "srcversion": info.get("srcversion"),
             "vermagic": info.get("vermagic"), "signer": safe(signer, 256) if signer is not None else None,
-            "sig_key": info.get("sig_key"),
+            "sig_key": _sig_key(info.get("sig_key")),
             "patch_id": info.get(TAG_FIELD), "ours": state == "ours", "patched": state != "stock",
             "depends": [d for d in (info.get("depends") or "").split(",") if d], "parameters": parms,
             "name": info.get("name"), "error": None}
@@ -187,6 +196,6 @@ def describe(sel: dict) -> dict | None:
     'unreadable' (the shape decide/ reads), else the fields."""
     if sel["state"] == "none":
         return None
-    keys = ("path", "version", "srcversion", "vermagic", "signer", "depends", "patched", "patch_id", "ours",
-            "state", "error")
+    keys = ("path", "version", "srcversion", "vermagic", "signer", "sig_key", "depends", "patched", "patch_id",
+            "ours", "state", "error")
     return {k: sel.get(k) for k in keys}
