@@ -70,3 +70,32 @@ def test_install_all_on_a_node_where_no_kernel_can_refuses_as_install_kernel(tmp
     assert a[0] == b[0] == 1 and a[1]["error"] == b[1]["error"], (a, b)
     real = _json("--root", root, "install", "--all")
     assert real[0] == 1 and real[1]["error"] == b[1]["error"], real
+
+
+def test_build_all_judges_each_kernel_as_build_kernel(tmp_path):
+    """build had no --all (install and remove did): a node's kernels were built one '--kernel K' at a time. Now
+    build --all is build --kernel K for each kernel: the same plan, a refused kernel a row with the code and
+    remedy --kernel K gives; --all with --kernel or --driver is bad usage (exit 2)."""
+    root = sparkroot.make_spark_root(tmp_path / "r", extra_kernels=(K2,))
+    (root / f"lib/modules/{K2}/build").unlink()                     # K2: no headers
+    code, one, _ = _json("--root", str(root), "build", "--kernel", K2, "--dry-run")
+    assert code == 1 and one["error"]["code"] == "headers-missing", one
+    code, every, _ = _json("--root", str(root), "build", "--all", "--force", "--dry-run")
+    assert code == 0, every
+    assert every["skipped"] == [{"kernel": K2, "code": "headers-missing", "reason": every["skipped"][0]["reason"],
+                                 "remedy": one["error"]["remedy"]}], every["skipped"]
+    _, k1, _ = _json("--root", str(root), "build", "--kernel", K, "--force", "--dry-run")
+    assert every["steps"] == k1["steps"] and [s["action"] for s in k1["steps"]] == ["build"], (every, k1)
+    for bad in (("--kernel", K), ("--driver", sparkroot.DRIVER)):
+        code, doc, _ = _json("--root", str(root), "build", "--all", *bad, "--dry-run")
+        assert code == 2 and doc["error"]["code"] == "usage", doc
+
+
+def test_build_all_on_a_node_where_no_kernel_can_refuses_as_build_kernel(tmp_path):
+    root = str(sparkroot.make_spark_root(tmp_path / "r", headers=False, extra_kernels=(K2,)))
+    a = _json("--root", root, "build", "--all", "--dry-run")
+    b = _json("--root", root, "build", "--kernel", K, "--dry-run")
+    assert a[0] == b[0] == 1 and a[1]["error"] == b[1]["error"], (a, b)
+    real = _json("--root", root, "build", "--all")
+    assert real[0] == 1 and real[1]["error"] == b[1]["error"], real
+    assert cli("--root", root, "build", "--kernel", K) == cli("--root", root, "build", "--all")   # said alike

@@ -76,11 +76,16 @@ def efivar(attrs: int, data: bytes) -> bytes:
 
 # --- certificates made by openssl ---------------------------------------------------------------------
 
+PAIRS: dict = {}          # a DER certificate made by _openssl_cert -> (its key, its file): what a module it signs needs
+
+
 def _openssl_cert(d: Path, name: str, subj: str, days: int = 36500, fmt: str = "DER") -> Path:
     out = d / f"{name}.{fmt.lower()}"
     subprocess.run(["openssl", "req", "-new", "-x509", "-nodes", "-days", str(days), "-subj", subj,
                     "-newkey", "rsa:2048", "-keyout", str(d / f"{name}.key"), "-outform", fmt, "-out", str(out)],
                    check=True, capture_output=True)
+    if fmt == "DER":
+        PAIRS[out.read_bytes()] = (d / f"{name}.key", out)
     return out
 
 

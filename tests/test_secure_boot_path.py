@@ -29,7 +29,7 @@ from spark_memsaver.config import Config
 from spark_memsaver.decide import status as decide_status
 from spark_memsaver.host import Host
 from tests.support import sparkroot
-from tests.test_mok import A_NV, A_VOLATILE, SB_ON, _openssl_cert, efivar, x509_list
+from tests.test_mok import A_NV, A_VOLATILE, PAIRS, SB_ON, _openssl_cert, efivar, x509_list
 
 pytestmark = pytest.mark.mok
 
@@ -55,19 +55,14 @@ def der(pem: Path) -> bytes:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("k")
-    ours = _openssl_cert(d, "ours", "/CN=DKMS module signing key")
-    PAIRS[ours.read_bytes()] = (d / "ours.key", ours)
-    return {"ours": ours.read_bytes(), "vendor": _openssl_cert(d, "vendor", "/O=Example/CN=Example Vendor CA")
-            .read_bytes()}
-
-
-PAIRS: dict = {}          # certificate (DER) -> (key, certificate file) of the pairs the fixture made
+    return {"ours": _openssl_cert(d, "ours", "/CN=DKMS module signing key").read_bytes(),
+            "vendor": _openssl_cert(d, "vendor", "/O=Example/CN=Example Vendor CA").read_bytes()}
 
 
 def node(base: Path, cert: bytes, variables: dict, *, uvm="stock", ours="580.142", files=None) -> Path:
     """A Spark root with Secure Boot on and ``cert`` as DKMS's certificate; ours, when installed, is signed with
-    ``cert``'s own key where the fixture made that pair (what DKMS does: it signs with the certificate it has),
-    else with a key pair of the root's own."""
+    ``cert``'s own key where tests/test_mok._openssl_cert made that pair (what DKMS does: it signs with the
+    certificate it has), else with a key pair of the root's own."""
     pair = PAIRS.get(cert)
     root = sparkroot.make_spark_root(base, uvm_loaded=uvm, ours_installed=ours, secure_boot=True, signing=pair)
     vd = root / "sys/firmware/efi/efivars"

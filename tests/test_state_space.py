@@ -7,7 +7,7 @@ each state, with the real CLI called in this process (tests/support/inproc.py):
   a. status text, --json, --quiet and metrics agree (state, exit codes, hold, tier, findings, Next), and the lean status
      entry says byte for byte what the click command says (text, --json, -q);
   b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for;
-  d. install/remove --all plan (or refuse) exactly what --kernel K does for each kernel K (build has no --all);
+  d. install/build/remove --all plan (or refuse) exactly what --kernel K does for each kernel K;
 then, for a seeded subset (every FOLLOW-th state: a real run costs real dkms, depmod and records):
   c. following Next for real on the state's own copy changes the state or its findings, and reaches "nothing to
      do" or a step for a person or one this machine cannot take (a compile of nvidia-uvm, activate on the live
@@ -186,23 +186,24 @@ def _plan(root: str, *args) -> tuple[int, dict]:
 
 
 def check_all(root: str, doc: dict) -> list[str]:
-    """d. --all is --kernel K for each kernel (install, remove): plan, refusal, skipped rows."""
+    """d. --all is --kernel K for each kernel (install, build, remove): plan, refusal, skipped rows."""
     p, kernels = [], sorted(k["release"] for k in doc["kernels"])
-    code_a, every = _plan(root, "install", "--all")
-    one = {k: _plan(root, "install", "--kernel", k) for k in kernels}
-    if code_a:
-        first = next((one[k][1]["error"] for k in kernels if one[k][0]), None)
-        if every.get("error") != first:
-            p.append(f"install --all refuses with {every.get('error')}, --kernel K with {first}")
-    else:
+    for op in ("install", "build"):
+        code_a, every = _plan(root, op, "--all")
+        one = {k: _plan(root, op, "--kernel", k) for k in kernels}
+        if code_a:
+            first = next((one[k][1]["error"] for k in kernels if one[k][0]), None)
+            if every.get("error") != first:
+                p.append(f"{op} --all refuses with {every.get('error')}, --kernel K with {first}")
+            continue
         want = [s for k in kernels if not one[k][0] for s in one[k][1]["steps"] if s["action"] != "release-hold"]
         got = [s for s in every["steps"] if s["action"] != "release-hold"]
         if got != want:
-            p.append(f"install --all plans {[(s['action'], s['kernel']) for s in got]}, --kernel K "
+            p.append(f"{op} --all plans {[(s['action'], s['kernel']) for s in got]}, --kernel K "
                      f"{[(s['action'], s['kernel']) for s in want]}")
         skipped = {s["kernel"]: s["code"] for s in every.get("skipped", [])}
         if skipped != {k: one[k][1]["error"]["code"] for k in kernels if one[k][0]}:
-            p.append(f"install --all skips {skipped}; --kernel K refuses {[k for k in kernels if one[k][0]]}")
+            p.append(f"{op} --all skips {skipped}; --kernel K refuses {[k for k in kernels if one[k][0]]}")
     _, every = _plan(root, "remove", "--all")
     per = [s for k in kernels for s in _plan(root, "remove", "--kernel", k)[1]["steps"][1:]]
     strip = [s for s in per if s["action"] != "reload-uvm"]
@@ -284,7 +285,7 @@ def _as_nobody(*args) -> subprocess.CompletedProcess:
                           timeout=120, cwd="/", **kw)
 
 
-MUTATING = (("install",), ("install", "--all"), ("build",), ("remove",), ("remove", "--all"), ("rollback",),
+MUTATING = (("install",), ("install", "--all"), ("build",), ("build", "--all"), ("remove",), ("remove", "--all"), ("rollback",),
             ("activate",), ("reconcile",))
 
 

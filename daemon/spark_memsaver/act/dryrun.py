@@ -63,12 +63,18 @@ def plan(op: str, host: Host, config: Config, **args) -> dict:
     kernel, all_kernels = args.get("kernel"), bool(args.get("all_kernels"))
     steps: list[dict] = []
     skipped: list[dict] = []
-    if op == "build":
-        k = kernel or override.running_kernel(host)
-        d = installable.require(host, config, k, ignore=("secure-boot-unknown",), fetch=False)
-        steps = [s for s in _install_steps(host, config, k, d) if s["action"] in ("fetch-source", "build")]
-        if args.get("force") and steps[-1]["reason"].startswith("reuse"):
-            steps[-1] = _step("build", k, "rebuild (--force) although an identical build exists")
+    if op == "build":             # executor._build: --all is --kernel K for each kernel targets lets get ours
+        if all_kernels:
+            decided, skipped = installable.targets(host, config, None, True, ignore=("secure-boot-unknown",))
+        else:
+            k = kernel or override.running_kernel(host)
+            decided = [installable.require(host, config, k, ignore=("secure-boot-unknown",), fetch=False)]
+        for d in decided:
+            k = d["kernel"]
+            own = [s for s in _install_steps(host, config, k, d) if s["action"] in ("fetch-source", "build")]
+            if args.get("force") and own[-1]["reason"].startswith("reuse"):
+                own[-1] = _step("build", k, "rebuild (--force) although an identical build exists")
+            steps += own
     elif op == "install":
         from spark_memsaver.act import dkms_run
         from spark_memsaver.host import holds

@@ -3,7 +3,7 @@
     perform(op, host, config, *, progress=None, **args) -> dict
 
 op            args                                               callers (opnames.py: the one list; TABLE below)
-"build"       kernel, driver_version (or driver), force           D-Bus Build, root `spark-memsaver build`
+"build"       kernel, all_kernels, driver_version (or driver), force  D-Bus Build, root `spark-memsaver build`
 "install"     kernel, all_kernels                                 D-Bus Install, root `install`
 "remove"      kernel, all_kernels                                 D-Bus Remove, root `remove`
 "activate"    dry_run, uvm_device, proc_host                      D-Bus Activate, root `activate`
@@ -79,11 +79,18 @@ def _target(host: Host, kernel: str | None) -> str:
     return dkms_run.running_kernel(host)
 
 
-def _build(host, config, progress, problems, kernel=None, driver_version=None, driver=None, force=False):
+def _build(host, config, progress, problems, kernel=None, driver_version=None, driver=None, force=False,
+           all_kernels=False):
+    dv = driver_version or driver
+    if all_kernels:     # --kernel K's build for each kernel the one installability decision lets get ours
+        cfgmod.refuse_invalid(config, "build")
+        decided, skipped = installable.targets(host, config, None, True, ignore=("secure-boot-unknown",))
+        installable.fetch_missing(host, config, decided, progress=st.fwd(progress))
+        return {"built": [_build(host, config, progress, problems, kernel=d["kernel"], force=force)
+                          for d in decided], "skipped": skipped}
     k = _target(host, kernel)
     cfgmod.refuse_invalid(config, "build")
     installable.require(host, config, k, progress=st.fwd(progress), ignore=("secure-boot-unknown",))
-    dv = driver_version or driver
     with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=dv):
         return st.engine_build().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress), force=force)
 
@@ -288,6 +295,11 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         one, every = rm.sm(f"{op} --kernel {args['kernel']}"), rm.sm(f"{op} --all")
         raise UsageError("--kernel and --all exclude each other",
                          remedy=f"Give one: '{one}' for that kernel, or '{every}' for every kernel.")
+    if args.get("all_kernels") and (args.get("driver_version") or args.get("driver")):
+        from spark_memsaver import remedy as rm
+        raise UsageError("--driver and --all exclude each other: each kernel builds for its own nvidia.ko",
+                         remedy=f"Give one: '{rm.sm('build --kernel K --driver VERSION')}' for that kernel, or "
+                                f"'{rm.sm('build --all')}' for every kernel.")
     if args.get("dry_run") and row.dryrun_plan:
         from spark_memsaver.act import dryrun     # the same targets and refusals as the run, nothing written
         return dryrun.plan(op, host, config, **args)

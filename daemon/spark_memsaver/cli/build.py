@@ -155,31 +155,43 @@ def register(cli) -> None:
     @cli.command("build")
     @click.option("--kernel", "kernel", default=None, metavar="KERNEL",
                   help="Kernel release [default: the running kernel].")
+    @click.option("--all", "all_kernels", is_flag=True, help="Every installed kernel (not with --kernel or --driver).")
     @click.option("--driver", "driver", default=None, metavar="VERSION",
                   help="Expected NVIDIA driver version (must match nvidia.ko).")
     @click.option("--force", is_flag=True, help="Rebuild even when an identical build is installed.")
     @click.option("--dry-run", is_flag=True, help="Print the plan the build would follow; change nothing.")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
     @click.pass_obj
-    def build_cmd(obj, kernel, driver, force, dry_run, as_json):
+    def build_cmd(obj, kernel, all_kernels, driver, force, dry_run, as_json):
         """Build the patched nvidia-uvm with DKMS for a kernel (signs it; does not install)."""
+        _refuse_both(kernel, all_kernels, "build")
         doc = _run_cli(obj, "build", as_json, kernel=kernel, driver_version=driver, force=force,
-                       **({"dry_run": True} if dry_run else {}))
+                       **({"all_kernels": True} if all_kernels else {}), **({"dry_run": True} if dry_run else {}))
         if dry_run:
             return _print_plan(doc, as_json)
         if as_json:
             click.echo(json.dumps(doc, indent=2, default=str))
+        elif all_kernels:          # one row per kernel, as install/remove --all print
+            rows = [(r["kernel"], r["status"], f"{PACKAGE}/{r['dkms_version']} (NVIDIA {r['driver']}) -> "
+                     f"{r.get('module')}; " + _signed(r.get("signing") or {})) for r in doc["built"]]
+            rows += [(s["kernel"], f"refused [{s.get('code', '?')}]", f"{s['reason']}; remedy: {s.get('remedy', '')}")
+                     for s in doc["skipped"]]
+            for ln in kernel_table(rows):
+                click.echo(ln)
         else:
             click.echo(f"{doc['status']}: {PACKAGE}/{doc['dkms_version']} for {doc['kernel']} "
                        f"(NVIDIA {doc['driver']}) -> {doc.get('module')}")
             s = doc.get("signing", {})
-            click.echo(f"signed by: {s.get('subject')} ({s.get('cert')})" if s.get("applies")
-                       else f"not signed: {s.get('reason')}")
+            click.echo(_signed(s))
             if s.get("changes_global_signing"):
                 click.echo(f"note: DKMS now signs ALL modules with {s.get('key')} (was {s.get('replaces')})")
             if doc.get("log"):
                 click.echo(f"log: {doc['log']}")
         return 0
+
+    def _signed(s: dict) -> str:
+        return f"signed by: {s.get('subject')} ({s.get('cert')})" if s.get("applies") \
+            else f"not signed: {s.get('reason')}"
 
     def _kernels_opts(f):
         f = click.option("--json", "as_json", is_flag=True, help="Print the result (or the plan) as JSON.")(f)

@@ -59,7 +59,8 @@ def cert(v: str) -> str:
 
 # method -> option name -> (python type, checker, kwarg name)
 OPTIONS = {
-    "Build": {"kernel": (str, kernel, "kernel"), "driver_version": (str, driver, "driver_version")},
+    "Build": {"kernel": (str, kernel, "kernel"), "all_kernels": (bool, None, "all_kernels"),
+              "driver_version": (str, driver, "driver_version")},
     "Install": {"kernel": (str, kernel, "kernel"), "all_kernels": (bool, None, "all_kernels")},
     "Remove": {"kernel": (str, kernel, "kernel"), "all_kernels": (bool, None, "all_kernels")},
     "Activate": {},
