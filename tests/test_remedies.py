@@ -247,6 +247,9 @@ def roots(tmp_path_factory):
                                                 "MokDelAuth": efivar(A_NV, b"\x00" * 32)})
     r["blocked"] = node(t / "bl", ours, {**ne, "MokListXRT": efivar(A_VOLATILE, x509_list(ours))})
     r["ours-load-failed"] = node(t / "lf", ours, ne, files={"/run/spark-memsaver/guard.log": REFUSED_KEY})
+    # a new key pair made after ours was signed (mok-blocked's remedy): ours is signed with the old one
+    r["signed-with-other-key"] = node(t / "ok", ours, ne)
+    (r["signed-with-other-key"] / "var/lib/dkms/mok.pub").write_bytes(_openssl_cert(t, "new", "/CN=new").read_bytes())
     untrusted = der(FIX / "untrusted-key.pem")
     r["not-trusted-by-kernel"] = node(t / "nt", untrusted, {**SB_ON, "MokListRT": efivar(A_VOLATILE,
                                                                                          x509_list(untrusted))},
@@ -259,19 +262,11 @@ def roots(tmp_path_factory):
 
 
 def every_finding_code() -> set[str]:
-    """Every code decide/status.py can give: its literal findings, one per MOK state that keeps our module out,
-    each missing piece of installability, the hazards table's own codes and each hazard of the table."""
-    from spark_memsaver.decide import mok as dm
-    from spark_memsaver.hazard_table import HazardsInvalid, load_hazards
-    text = (REPO / "daemon/spark_memsaver/decide/status.py").read_text()
-    codes = set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', text))
-    codes |= {f"mok-{s}" for s in dm.STATES if s not in dm.LOADABLE and s != "unknown"}
-    codes |= set(inst.CODES.values()) | {"driver-source-corrupt"}
-    codes |= {"hazards-table-unreadable", HazardsInvalid.code, "hazard-check-failed"}
-    from spark_memsaver.decide import wayback
-    codes |= {wayback.CODE, wayback.UNREADABLE}
-    codes |= {h.code for h in load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())}
-    return codes
+    """Every code status can give: the one list (decide/findings.CODES; tests/test_findings.py holds decide/ to
+    it) and each hazard of the table."""
+    from spark_memsaver.decide.findings import CODES
+    from spark_memsaver.hazard_table import load_hazards
+    return set(CODES) | {h.code for h in load_hazards((REPO / "uvm_patch/hazards.yaml").read_text())}
 
 
 DRY = {"install", "build", "remove", "rollback", "activate", "reconcile", "mok enroll", "mok cancel"}   # --dry-run

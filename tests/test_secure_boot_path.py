@@ -62,8 +62,8 @@ def keys(tmp_path_factory):
 def node(base: Path, cert: bytes, variables: dict, *, uvm="stock", ours="580.142", files=None) -> Path:
     """A Spark root with Secure Boot on and ``cert`` as DKMS's certificate; ours, when installed, is signed with
     ``cert``'s own key where tests/test_mok._openssl_cert made that pair (what DKMS does: it signs with the
-    certificate it has), else with a key pair of the root's own."""
-    pair = PAIRS.get(cert)
+    certificate it has); unsigned for a certificate whose key the test does not have (tests/fixtures/proc-keys)."""
+    pair = PAIRS.get(cert, False)
     root = sparkroot.make_spark_root(base, uvm_loaded=uvm, ours_installed=ours, secure_boot=True, signing=pair)
     vd = root / "sys/firmware/efi/efivars"
     for name, raw in variables.items():

@@ -272,7 +272,9 @@ def follow(root: str, env: dict) -> tuple[str, list[str]]:
             if want != sorted(k["kernel"] for k in done["kernels"]) or \
                     any(s["action"] == "reload-uvm" for s in plan["steps"]) != (done.get("reload") is not None):
                 p.append(f"rollback: planned {plan['steps']}, did {done}")
-        if (done.get("reload") or {}).get("skipped") == "not the running system":
+        reloads = [done.get("reload")] + [s.get("result") for s in done.get("steps") or []
+                                          if isinstance(s, dict) and s.get("action") == "reload-uvm"]
+        if any((r or {}).get("skipped") == "not the running system" for r in reloads):
             return "reload nvidia-uvm (the live node)", p     # modprobe acts on the running node only
     return "too long", p
 

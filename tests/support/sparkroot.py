@@ -145,10 +145,11 @@ def make_spark_root(root: Path, *, loaded_driver: str | None = DRIVER, uvm_loade
                     ours_installed: str | None = None, secure_boot: bool | None = False,
                     holders: int = 0, headers: bool = True, stats: str | None = None,
                     extra_kernels: tuple[str, ...] = (), dkms: bool = True,
-                    signing: tuple[Path, Path] | None = None) -> Path:
+                    signing: tuple[Path, Path] | None | bool = None) -> Path:
     """Lay out a Spark root. ``uvm_loaded``: None, "stock" or "ours"; ``ours_installed``: None or the driver
     version our override was built for (it is installed under updates/dkms and selected by depmod), signed with
-    ``signing`` (key, certificate: the pair the node's DKMS signs with) or else a key pair of its own."""
+    ``signing`` (key, certificate: the pair the node's DKMS signs with), left unsigned with ``signing=False`` (a
+    certificate whose key the test does not have), or else signed with a key pair of its own."""
     k = SPARK_KERNEL
     if dkms:   # the package depends on dkms; builds under --root run this machine's dkms, so this marks it only
         write(root, "/usr/sbin/dkms", "#!/bin/sh\n# dkms is installed on this node (fixture marker)\nexit 1\n", 0o755)
@@ -176,9 +177,10 @@ def make_spark_root(root: Path, *, loaded_driver: str | None = DRIVER, uvm_loade
         if ours_installed:
             ko = make_module(root / f"lib/modules/{rel}/updates/dkms/nvidia-uvm.ko",
                              uvm_fields(ours_installed, OURS_UVM_SRCVERSION, rel, ours=True))
-            key, crt = signing or make_signing_key(root.parent / f"{root.name}-keys",
-                                                   "spark-memsaver fixture signing key")
-            sign_module(ko, key, crt)
+            if signing is not False:
+                key, crt = signing or make_signing_key(root.parent / f"{root.name}-keys",
+                                                       "spark-memsaver fixture signing key")
+                sign_module(ko, key, crt)
         subprocess.run(["depmod", "-b", str(root), rel], check=True, capture_output=True)
     # NVIDIA's open kernel source, as nvidia-kernel-source-580-open installs it.
     write(root, f"/usr/src/nvidia-{DRIVER}/Kbuild", "# NVIDIA Kbuild\n")
