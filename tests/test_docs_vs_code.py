@@ -337,3 +337,15 @@ def test_examples_the_docs_point_at_are_in_the_package(tmp_path):
         flat = re.sub(r"\s+", " ", text)
         bare = re.findall(r"(?<![\w/.-])(?:monitoring|ansible)/README\.md", flat)
         assert bare == [], (where, bare)
+
+
+def test_the_dbus_properties_are_the_one_table_in_the_code():
+    """docs/dbus-api.md's Properties table names each property of service/dbus_service.PROPERTIES (the one list:
+    introspection, GetAll and PropertiesChanged read it) with its D-Bus type, and none the code lacks."""
+    from spark_memsaver.service.dbus_service import PROPERTIES
+    section = DBUS.split("## Properties", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for names, types in re.findall(r"^\| (`[^|]*`) \| ([^|]+) \|", section, re.M):
+        for n, t in zip(re.findall(r"`(\w+)`", names), [x.strip() for x in types.split("/")]):
+            documented[n] = t
+    assert documented == PROPERTIES, (set(documented.items()) ^ set(PROPERTIES.items()))
