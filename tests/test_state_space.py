@@ -6,7 +6,8 @@ each state, with the real CLI called in this process (tests/support/inproc.py):
 
   a. status text, --json, --quiet and metrics agree (state, exit codes, hold, tier, findings, Next), and the lean status
      entry says byte for byte what the click command says (text, --json, -q);
-  b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for;
+  b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for; a
+     Next that enrolls a key names the key ours (installed for the running kernel) is signed with;
   d. install/build/remove --all plan (or refuse) exactly what --kernel K does for each kernel K;
 then, for a seeded subset (every FOLLOW-th state: a real run costs real dkms, depmod and records):
   c. following Next for real on the state's own copy changes the state or its findings, and reaches "nothing to
@@ -169,6 +170,28 @@ def check_next(root: str, doc: dict) -> list[str]:
         return [f"Next {cmd!r}: its dry run plans nothing that acts: {[s['action'] for s in steps]}"]
     if path == "activate" and plan.get("already"):
         return [f"Next {cmd!r}: ours is already loaded, activate would do nothing"]
+    if path == "mok enroll":
+        return enrolls_the_key_ours_is_signed_with(root, doc, cmd)
+    return []
+
+
+def _hex(x) -> str:
+    return (x or "").replace(":", "").lower().lstrip("0")
+
+
+def enrolls_the_key_ours_is_signed_with(root: str, doc: dict, cmd: str) -> list[str]:
+    """Next enrolls a key: the nvidia-uvm installed for the running kernel, if ours, is signed with that key (its
+    modinfo sig_key is the certificate's serial or key id), else enrolling it makes nothing load."""
+    from spark_memsaver.host import Host
+    from spark_memsaver.observe import modules
+    run = next((k["release"] for k in doc["kernels"] if k.get("running")), None)
+    sel = modules.read_selected(Host(root), run) if run else {}
+    cert = (doc.get("secure_boot") or {}).get("certificate") or {}
+    if sel.get("state") != "ours" or not sel.get("sig_key") or not cert.get("serial"):
+        return []
+    if _hex(sel["sig_key"]) not in {_hex(cert.get("serial")), _hex(cert.get("key_id"))}:
+        return [f"Next {cmd!r}: ours for {run} is signed with key {sel['sig_key']}, not the certificate to enroll "
+                f"(serial {cert.get('serial')})"]
     return []
 
 
