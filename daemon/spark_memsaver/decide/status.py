@@ -15,12 +15,11 @@ from spark_memsaver.decide import installability as inst_mod
 from spark_memsaver import remedy as rm
 from spark_memsaver.decide import mok as mok_decide
 from spark_memsaver.decide import wayback
-
-STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
-          "rolled-back", "needs-attention", "unverified")
 from spark_memsaver.decide.findings import SEVERITIES, Finding, Verdict, needs_first  # noqa: F401  (their home)
 from spark_memsaver.decide.sbfindings import other_key_finding, secure_boot_findings  # noqa: F401
 
+STATES = ("not-applicable", "stock", "built", "installed", "active", "inactive",
+          "rolled-back", "needs-attention", "unverified")
 
 
 def config_changed(snap, config: Config, support: dict | None = None) -> list[Finding]:
