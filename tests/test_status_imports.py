@@ -27,6 +27,8 @@ OURS = {
     "spark_memsaver.decide.installability", "spark_memsaver.decide.mok", "spark_memsaver.decide.ours",
     "spark_memsaver.decide.plan", "spark_memsaver.decide.policy", "spark_memsaver.decide.qualification",
     "spark_memsaver.decide.sources", "spark_memsaver.decide.status", "spark_memsaver.decide.step",
+    # status's own finding types and Secure Boot findings (moved out of decide/status.py, at its size limit)
+    "spark_memsaver.decide.findings", "spark_memsaver.decide.sbfindings",
     "spark_memsaver.efi", "spark_memsaver.efi.der", "spark_memsaver.efi.mokvars", "spark_memsaver.efi.siglist",
     "spark_memsaver.efi.x509", "spark_memsaver.errors", "spark_memsaver.exitcodes", "spark_memsaver.hazard_table",
     "spark_memsaver.host", "spark_memsaver.host.fsutil", "spark_memsaver.host.paths", "spark_memsaver.host.records",
