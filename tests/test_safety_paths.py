@@ -7,6 +7,7 @@ roots (tests/support/sparkroot.py)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import shutil
@@ -326,9 +327,16 @@ def test_status_names_a_selection_it_cannot_read_and_depmod_mends_it(tmp_path):
     found = {f["code"]: f for f in doc["findings"]}
     assert "selection-unreadable" in found and found["selection-unreadable"]["kernel"] == K, sorted(found)
     assert found["selection-unreadable"]["remedy"] == f"Run 'sudo depmod -a {K}' to rebuild the module index.", found
+    # nothing readable is selected: status does not also call it "stock" (with install's advice), and its Kernels
+    # table and JSON say unreadable, not "none"
+    assert "stock" not in found, sorted(found)
+    assert doc["kernels"][0]["uvm_selected"]["state"] == "unreadable", doc["kernels"]
+    text = cli("--root", str(root), "status").stdout
+    assert re.search(rf"\* {re.escape(K)}\s+64 KiB\s+yes\s+unreadable\s*$", text, re.M), text
     r = subprocess.run(["depmod", "-b", str(root), "-a", K], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(cli("--root", str(root), "status", "--json").stdout)
     assert "selection-unreadable" not in [f["code"] for f in doc["findings"]]
+    assert "stock" in [f["code"] for f in doc["findings"]]
     (k,) = doc["kernels"]
     assert k["uvm_selected"]["version"] == sparkroot.DRIVER and not k["uvm_selected"]["patched"], k

@@ -344,6 +344,7 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         f.append(Finding("stock", "info", message, remedy))
         return Verdict("built", f)
 
-    message, remedy = install_advice(decision)
-    f.append(Finding("stock", "info", message, remedy))
+    if not any(x.code == wayback.UNREADABLE and x.kernel == rk for x in f):   # then nothing readable is selected:
+        message, remedy = install_advice(decision)                          # its finding says so, not "stock"
+        f.append(Finding("stock", "info", message, remedy))
     return Verdict("stock", f)

@@ -34,12 +34,19 @@ def node_identity(host: Host) -> dict:
     return {"hostname": hostname or None, "machine_id": mid if mid and re.fullmatch(r"[0-9a-f]{32}", mid) else None}
 
 
+def _uvm_column(sel: dict) -> str:
+    """The Kernels table's UVM column: ours, stock, unreadable (the index names a file modinfo cannot read) or none."""
+    if sel.get("state") == "unreadable":
+        return "unreadable"
+    return "ours" if is_ours(sel) else ("stock" if sel.get("path") else "none")
+
+
 def _uvm_selected(k) -> dict | None:
     sel = k.uvm_selected
     if not sel:
         return None
     return {"path": sel.path, "version": sel.version, "patched": sel.patched, "signer": sel.signer,
-            "srcversion": sel.srcversion, "vermagic": sel.vermagic}
+            "srcversion": sel.srcversion, "vermagic": sel.vermagic, "state": sel.state}
 
 
 def _hold(w) -> dict | None:
@@ -202,13 +209,14 @@ def render_text(doc: dict, verbose: bool = False) -> str:
     if doc["kernels"]:
         lines.append("")
         lines.append("Kernels:")
-        lines.append(f"  {'':1} {'RELEASE':<28} {'PAGE':>6}  {'HEADERS':<8} {'UVM':<6} {'VERSION'}")
-        for k in doc["kernels"]:
+        uvm = [_uvm_column(k["uvm_selected"] or {}) for k in doc["kernels"]]
+        w = max(6, *map(len, uvm))
+        lines.append(f"  {'':1} {'RELEASE':<28} {'PAGE':>6}  {'HEADERS':<8} {'UVM':<{w}} {'VERSION'}")
+        for k, which in zip(doc["kernels"], uvm):
             sel = k["uvm_selected"] or {}
-            which = "ours" if is_ours(sel) else ("stock" if sel.get("path") else "none")
             page = f"{(k['page_size'] or 0) // 1024 or '?'} KiB"
             lines.append(f"  {'*' if k['running'] else ' '} {k['release']:<28} {page:>6}  "
-                         f"{'yes' if k['headers'] else 'no':<8} {which:<6} {sel.get('version') or ''}".rstrip())
+                         f"{'yes' if k['headers'] else 'no':<8} {which:<{w}} {sel.get('version') or ''}".rstrip())
         if any(k["running"] for k in doc["kernels"]):
             lines.append("  (* running)")
     holders = doc.get("uvm_holders")
