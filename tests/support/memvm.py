@@ -87,6 +87,20 @@ def run(k: "qemu.Kernel", initrd: Path, *, append: str, disk_image: Path | None 
     out = open(log_path, "w") if log_path else None
     deadline = time.monotonic() + timeout
     end = ""
+    try:
+        end = _drive(p, lines, log, out, deadline, timeout, answer, kill_when)
+    finally:
+        if p.poll() is None and not end:
+            p.kill()                  # an exception on the way (a failed answer, Ctrl-C): no VM is left behind
+        p.wait(timeout=30)
+        if out:
+            out.write(end)
+            out.close()
+    return "".join(log) + end
+
+
+def _drive(p, lines, log, out, deadline, timeout, answer, kill_when) -> str:
+    end = ""
     while True:
         try:
             ln = lines.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -104,23 +118,14 @@ def run(k: "qemu.Kernel", initrd: Path, *, append: str, disk_image: Path | None 
             out.flush()
         s = ln.strip()
         if s.startswith("MEMASK ") and answer is not None:
-            try:
-                reply = answer(s.split(" ", 1)[1], "".join(log))
-            except BaseException:
-                p.kill()
-                p.wait(timeout=30)
-                raise
+            reply = answer(s.split(" ", 1)[1], "".join(log))
             p.stdin.write(("".join(f"{r}\n" for r in reply) + "GO\n").encode())
             p.stdin.flush()
         if kill_when is not None and kill_when(s):
             p.send_signal(signal.SIGKILL)
             end = "\nVM-KILLED\n"
             break
-    p.wait(timeout=30)
-    if out:
-        out.write(end)
-        out.close()
-    return "".join(log) + end
+    return end
 
 
 def dumps(log: str) -> dict[str, dict[str, str | None]]:

@@ -9,7 +9,8 @@
 #     written as act/reclaim.write_knob writes it, timed: KNOB-DONE), then "GO"
 # Other parameters: PSI_TRIGGER (service/floor.py's trigger, spaces as commas), HOG_MAX (memory.max of the hog's
 # cgroup), HOG_ANON_MIB (anonymous memory the hog holds in it), FRAG_PCT, PB_TIER, PB_OPS, HOST_EPOCH, MODS
-# (modules to load first, in order: the 4 KiB Debian kernel's virtio_blk and ext4).
+# (modules to load first, in order: the 4 KiB Debian kernel's virtio_blk and ext4), BB_NOSYNC (memtool: the
+# black box without its fsync, the control).
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>/dev/null
 mkdir -p /sys/fs/cgroup; mount -t cgroup2 none /sys/fs/cgroup && echo +memory > /sys/fs/cgroup/cgroup.subtree_control
