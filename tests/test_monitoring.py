@@ -70,7 +70,7 @@ METRICS = {
 }
 MEMORY_KINDS = ("free", "page-cache", "shmem", "anonymous", "swap-cache", "slab-reclaimable", "slab-unreclaimable",
                 "kernel-reclaimable-other", "kernel-stacks", "page-tables", "percpu", "vmalloc", "zswap", "balloon",
-                "unaccepted", "hugepages", "uvm-page-tables", "gpu-allocations", "driver-and-other")
+                "unaccepted", "hugepages", "per-cpu-free", "uvm-page-tables", "gpu-allocations", "driver-and-other")
 PSI = [(k, w) for k in ("some", "full") for w in ("avg10", "avg60", "avg300")]
 GIB = 1 << 30
 

@@ -150,7 +150,7 @@ MEMORY_FAMILIES_UNKNOWN = (
             "not known).", *(f'{{kind="{k}"}} 0' for k in (
                 "free", "page-cache", "shmem", "anonymous", "swap-cache", "slab-reclaimable", "slab-unreclaimable",
                 "kernel-reclaimable-other", "kernel-stacks", "page-tables", "percpu", "vmalloc", "zswap", "balloon",
-                "unaccepted", "hugepages", "uvm-page-tables", "gpu-allocations", "driver-and-other")))
+                "unaccepted", "hugepages", "per-cpu-free", "uvm-page-tables", "gpu-allocations", "driver-and-other")))
     + _family("free_after_reclaim_bytes", "gauge", "MemAvailable: what could be free after reclaim.", " 0")
     + _family("reclaimable_gap_bytes", "gauge", "MemAvailable - MemFree: memory CUDA does not see free on GB10 "
               "until it is reclaimed.", " 0")

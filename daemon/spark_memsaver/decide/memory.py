@@ -38,6 +38,8 @@ MEMINFO_ROWS = (
     ("balloon", ("Balloon",), (), "meminfo Balloon (taken by a hypervisor's balloon)"),
     ("unaccepted", ("Unaccepted",), (), "meminfo Unaccepted (not yet accepted from the host)"),
 )
+PCP_SOURCE = ("zoneinfo pagesets count x page size: free pages kept on per-CPU lists, in no meminfo line (not in "
+              "MemFree); large on 64 KiB kernels")
 RESIDUAL_SOURCE = ("MemTotal - the rows above: driver allocations no meminfo line counts (CUDA memory on GB10, "
                    "the NVIDIA driver's own), other driver pages")
 
@@ -52,9 +54,10 @@ def _hugepages(mi: dict) -> int:
     return _get(mi, "HugePages_Total") * _get(mi, "Hugepagesize")
 
 
-def rows(mi: dict, uvm: dict | None = None, gpu: dict | None = None) -> list[dict]:
+def rows(mi: dict, uvm: dict | None = None, gpu: dict | None = None, pcp_bytes: int | None = None) -> list[dict]:
     """Rows [{kind, bytes, source}] that partition MemTotal: each meminfo figure once, then what is left split
-    into nvidia-uvm's page tables (our counters), GPU allocations (NVML) and the rest."""
+    into the per-CPU free lists (zoneinfo), nvidia-uvm's page tables (our counters), GPU allocations (NVML) and
+    the rest."""
     out = []
     for kind, plus, minus, source in MEMINFO_ROWS:
         if not any(k in mi for k in plus):
@@ -66,6 +69,11 @@ def rows(mi: dict, uvm: dict | None = None, gpu: dict | None = None) -> list[dic
         out.append({"kind": "hugepages", "bytes": _hugepages(mi),
                     "source": "meminfo Hugetlb (HugePages_Total x Hugepagesize on older kernels)"})
     left = max(0, _get(mi, "MemTotal") - sum(r["bytes"] for r in out))
+    if isinstance(pcp_bytes, int) and pcp_bytes > 0 and left:
+        take = min(pcp_bytes, left)
+        out.append({"kind": "per-cpu-free", "bytes": take, "source": PCP_SOURCE
+                    + ("" if take == pcp_bytes else f"; {pcp_bytes} counted, capped at what was left")})
+        left -= take
     backing = (uvm or {}).get("backing_bytes")
     if isinstance(backing, int) and backing > 0:
         take = min(backing, left)
@@ -184,7 +192,9 @@ def model(reading: dict, need: int | None = None) -> dict:
     mi = reading.get("meminfo") or {}
     ps = reading.get("page_size")
     total = _get(mi, "MemTotal") if mi else None
-    the_rows = rows(mi, reading.get("uvm"), reading.get("gpu")) if mi else []
+    pcp = reading.get("pcp_pages")
+    the_rows = rows(mi, reading.get("uvm"), reading.get("gpu"),
+                    pcp * ps if isinstance(pcp, int) and ps else None) if mi else []
     free_now = mi.get("MemFree") if mi else None
     after = mi.get("MemAvailable") if mi else None
     if after is not None and free_now is not None:

@@ -3,6 +3,7 @@
 Plain readings, no judgement (decide/memory.py partitions MemTotal, counts blocks and gives the verdict):
 
 - ``/proc/meminfo`` (bytes; ``HugePages_*`` stay counts), ``/proc/buddyinfo`` (free blocks per zone and order),
+  ``/proc/zoneinfo`` (pages on the per-CPU free lists, which MemFree leaves out),
   ``/proc/pagetypeinfo`` (pageblocks by migrate type; root-only, so ``None`` for a user), ``/proc/pressure/*``
   (PSI), the ``compact_*`` lines of ``/proc/vmstat``;
 - ``/sys/devices/system/memory`` (memory blocks: what the kernel was given, beside MemTotal);
@@ -18,7 +19,7 @@ import os
 
 from spark_memsaver.host import Host
 from spark_memsaver.observe.procmem import (free_blocks, parse_buddyinfo, parse_meminfo, parse_pagetypeinfo,
-                                           parse_psi, parse_vmstat)
+                                           parse_psi, parse_vmstat, parse_zoneinfo_pcp)
 
 PSI_RESOURCES = ("memory", "io", "cpu")
 
@@ -79,6 +80,7 @@ def read(host: Host, gpu: bool = True, blocks: bool = True, uvm: dict | None = N
     bi = text("/proc/buddyinfo")
     pti = text("/proc/pagetypeinfo") if pagetypes else None
     vm = text("/proc/vmstat")
+    zi = text("/proc/zoneinfo")
     psi = {}
     for res in PSI_RESOURCES:
         t = text(f"/proc/pressure/{res}")
@@ -96,6 +98,7 @@ def read(host: Host, gpu: bool = True, blocks: bool = True, uvm: dict | None = N
         "free_blocks": free_blocks(buddy, ps),
         "pagetypeinfo": parse_pagetypeinfo(pti) if pti is not None else None,
         "vmstat": parse_vmstat(vm) if vm is not None else None,
+        "pcp_pages": parse_zoneinfo_pcp(zi) if zi is not None else None,
         "pressure": psi,
         "memory_blocks": memory_blocks(host) if blocks else None,
         "uvm": uvm_counters(host, uvm),

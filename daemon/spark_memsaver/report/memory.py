@@ -102,8 +102,8 @@ def status_line(mem: dict) -> str | None:
 
 # --- Prometheus series (monitoring/README.md): always present, whatever the node ------------------------------
 
-ROW_KINDS = tuple(k for k, *_ in MEMINFO_ROWS) + ("hugepages", "uvm-page-tables", "gpu-allocations",
-                                                 "driver-and-other")
+ROW_KINDS = tuple(k for k, *_ in MEMINFO_ROWS) + ("hugepages", "per-cpu-free", "uvm-page-tables",
+                                                 "gpu-allocations", "driver-and-other")
 PSI_KINDS = ("some", "full")
 PSI_WINDOWS = ("avg10", "avg60", "avg300")
 

@@ -23,7 +23,9 @@ if [ -b /dev/vda ]; then mount -t ext2 /dev/vda /mnt && echo "DISK-MOUNTED"; fi
 TRIGGER=$(echo "${PSI_TRIGGER:-some,200000,2000000}" | tr , ' ')
 now() { /memtool now; }
 
-dump() {             # tag
+dump() {             # tag (after 2 s of quiet: right after a step, pages are still moving between the per-CPU
+	#                    lists, the buddy allocator and the page cache, and the files are read one after another)
+	sleep 2
 	echo "MEMDUMP-BEGIN $1"
 	for f in /proc/meminfo /proc/buddyinfo /proc/pagetypeinfo /proc/vmstat /proc/zoneinfo /proc/pressure/memory \
 		/proc/pressure/io /proc/pressure/cpu /proc/sys/kernel/osrelease /proc/sys/kernel/arch \
