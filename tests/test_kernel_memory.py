@@ -250,7 +250,10 @@ def test_memory_in_a_real_kernel(name, tmp_path, request):
                f"blocks before {fb[str(2 * MIB)]} / {fb[str(32 * MIB)]}, after {fa[str(2 * MIB)]} / "
                f"{fa[str(32 * MIB)]}; pages migrated {migrated[1] - migrated[0]}; buddyinfo before "
                f"{d['frag-before']['/proc/buddyinfo'].split()[4:]} after {d['frag-after']['/proc/buddyinfo'].split()[4:]}")
-    assert lines(log, "COMPACTED rc=0") and fa[str(2 * MIB)] >= fb[str(2 * MIB)], out[-1]
+    out.append("   unmovable pageblocks of all: " + ", ".join(
+        f"{t} {docs[t]['pageblocks']['unmovable']}/{docs[t]['pageblocks']['total']}"
+        for t in ("idle", "filled", "after-reclaim", "frag-before", "frag-after")))
+    assert lines(log, "COMPACTED rc=0") and fa[str(2 * MIB)] >= fb[str(2 * MIB)], out[-2]
 
     # d. PSI trigger
     fired = lines(log, "PSI-FIRED")
