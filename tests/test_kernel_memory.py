@@ -140,7 +140,7 @@ def test_rows_sum_in_real_guest_dumps(name, page):
     assert doc["pageblocks"]["total"] > 0 and doc["pressure"]["memory"]["some"] is not None
     assert doc["installed"]["bytes"] and doc["installed"]["bytes"] >= doc["total_bytes"]
     # the free pages on per-CPU lists (zoneinfo), which MemFree leaves out: their own row, not "driver-and-other"
-    # (at 64 KiB, 5.9 % of this guest's memory fell there before the row existed)
+    # (at 64 KiB, 4.4 % of this guest's memory fell there before the row existed)
     pcp = sum(int(ln.split(":")[1]) for ln in (FIX / name / "proc/zoneinfo").read_text().splitlines()
               if ln.strip().startswith("count:"))
     assert {r["kind"]: r["bytes"] for r in doc["rows"]}.get("per-cpu-free") == pcp * page > 0
@@ -320,14 +320,18 @@ def test_black_box_survives_a_hard_reset(name, tmp_path, request):
 
 @pytest.mark.kernel
 @pytest.mark.slow
+@pytest.mark.ci_share("probabilistic by nature: without the fsync the kernel may still write some samples back "
+                      "before the kill (0-4 of 5 did in 6 runs, never the last one)")
 def test_black_box_without_fsync_does_not_survive(tmp_path, request):
-    """The control (4 KiB): the same run with the stand-in's fsync left out; the samples the guest printed are not
-    all on the disk after the kill (the page cache died with the VM). Shows the reset test can fail."""
+    """The control (4 KiB): the same run with the stand-in's fsync left out. The last sample the guest printed
+    before the kill is not on the disk (written < 1 s before it, in the page cache only), so the reset test's
+    check fails on it: the test above can fail."""
     k = kernel_or_skip("4k")
     bb = black_box(k, tmp_path, nosync=True)
+    got = [json.dumps(s, sort_keys=True) for s in bb["hist"]["samples"]]
     _say(request, f"[black box without fsync] printed {len(bb['written'])}, history --boot -1: "
-                  f"{bb['hist']['boot_id']} {len(bb['hist']['samples'])} samples; {lines(bb['log2'], 'BB-FOUND')}")
-    assert len(bb["written"]) == BB_KILL_AT and len(bb["hist"]["samples"]) < BB_KILL_AT, bb["hist"]
+                  f"{bb['hist']['boot_id']} {len(got)} samples; {lines(bb['log2'], 'BB-FOUND')}")
+    assert len(bb["written"]) == BB_KILL_AT and bb["written"][-1] not in got, bb["hist"]
 
 
 @pytest.mark.kernel
