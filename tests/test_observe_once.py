@@ -1,0 +1,101 @@
+"""Observe once per operation (issue 34, item 3): following ``kernel`` from the install entry, how often the acting
+code goes back down to a lower layer (observe/, decide/, world/) once the operation's first step has begun.
+
+A real ``install --kernel K`` runs to its end in this process on a fixture root (tests/support/installroot.py: the
+real dkms on the root's tree, the real depmod and modinfo, the real NVIDIA tree) under ``sys.setprofile``. Every
+call whose caller is a frame of act/ and whose callee is a function of observe/, decide/ or world/ is counted,
+from the moment the first intent record is written (act/records_io.safe_intent: "plan -> lock -> intent -> act"):
+what came before is the one observation and the plan. The initial observation itself is counted too, apart (the
+whole world read: world.facts/snapshot/observe_for_plan), once per operation.
+
+The count is of distinct call sites (caller file:line -> callee); the run prints them with the number of calls.
+The issue measured 22 returns on an older main."""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import pytest
+
+from tests.support import installroot, needs
+
+LOWER = ("spark_memsaver.observe", "spark_memsaver.decide", "spark_memsaver.world")
+ACT = "spark_memsaver.act"
+WHOLE = {("spark_memsaver.world", "facts"), ("spark_memsaver.world", "snapshot"),
+         ("spark_memsaver.world", "observe_for_plan"), ("spark_memsaver.observe.snapshot", "snapshot")}
+LIMIT = 5
+
+
+def _module(frame) -> str:
+    return frame.f_globals.get("__name__") or ""
+
+
+def _lower(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in LOWER)
+
+
+def trace_install(root, kernel: str) -> tuple[dict, collections.Counter, collections.Counter]:
+    """(the install's result, {call site: calls} after the first step began, {whole-world reads: calls})."""
+    from spark_memsaver.act import executor
+    from spark_memsaver.config import Config
+    from spark_memsaver.host import Host
+
+    mid: collections.Counter = collections.Counter()
+    whole: collections.Counter = collections.Counter()
+    started = [False]
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        name, code = _module(frame), frame.f_code
+        caller = frame.f_back
+        if name == f"{ACT}.records_io" and code.co_name == "safe_intent":
+            started[0] = True
+        if caller is None or not _lower(name) or not _module(caller).startswith(ACT + "."):
+            return
+        if (name, code.co_name) in WHOLE:
+            whole[f"{_module(caller)}:{caller.f_lineno} -> {name}.{code.co_name}"] += 1
+        if started[0]:
+            mid[f"{_module(caller)}:{caller.f_lineno} -> {name}.{code.co_qualname}"] += 1
+
+    sys.setprofile(profile)
+    try:
+        doc = executor.perform("install", Host(str(root)), Config(), kernel=kernel)
+    finally:
+        sys.setprofile(None)
+    return doc, mid, whole
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    needs.require("gcc", "depmod", "modinfo", "dkms")
+    monkeypatch.delenv("SPARK_MEMSAVER_CONFIG", raising=False)
+    root, wrapper = installroot.make(tmp_path)
+    monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(wrapper))
+    return root
+
+
+def test_the_fixture_install_really_installs_ours(node):
+    """The measurement below follows a real install to its end: ours is selected afterwards, verified."""
+    from spark_memsaver.host import Host
+    from spark_memsaver.observe import modules
+    doc, _, _ = trace_install(node, installroot.K)
+    [one] = doc["installed"]
+    assert one["selected"] == f"/lib/modules/{installroot.K}/updates/dkms/nvidia-uvm.ko" and one["verification"]["ok"]
+    sel = modules.selection(Host(str(node)), installroot.K)
+    assert sel["state"] == "ours" and sel["versions_match"] is True
+
+
+def test_install_returns_to_a_lower_layer_at_most_five_times(node):
+    doc, mid, whole = trace_install(node, installroot.K)
+    assert doc["installed"], doc
+    print(f"\nobserve-once: {len(mid)} call sites back to a lower layer after the first step "
+          f"({sum(mid.values())} calls); whole-world reads: {sum(whole.values())}")
+    for site, n in sorted(mid.items()):
+        print(f"  {n:3d}  {site}")
+    for site, n in sorted(whole.items()):
+        print(f"  whole {n:3d}  {site}")
+    assert sum(whole.values()) == 1, whole
+    assert len(mid) <= LIMIT, "\n".join(f"{n:3d} {s}" for s, n in sorted(mid.items()))
