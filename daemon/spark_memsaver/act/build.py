@@ -96,11 +96,14 @@ def _save_log(host: Host, ver: str, kernel: str) -> str | None:
     return None
 
 
-def _verify_built(host: Host, ver: str, kernel: str, driver: str, signing: dict) -> dict:
-    ko = built_module(host, ver, kernel)
+def _verify_built(host: Host, ver: str, kernel: str, driver: str, signing: dict, state: dict | None = None,
+                  nvidia_ko: str | None = None) -> dict:
+    """The built module checked by the kotool against the kernel, the driver and the signing record. ``state``:
+    world/refresh.kernel read since the build (its built module), ``nvidia_ko``: the preflight's nvidia.ko."""
+    ko = state["built"].get(ver) if state is not None else built_module(host, ver, kernel)
     if ko is None:
         raise BuiltModuleMissing(f"DKMS reports a build for {kernel} but no {MODULE}.ko is in its tree")
-    nv = _modinfo_path(host, kernel, "nvidia")
+    nv = nvidia_ko if state is not None else _modinfo_path(host, kernel, "nvidia")
     record = sig.read_record(host) if signing.get("applies") else None
     # a --root host: whether its kernel signs was read from its config (_signing_for), never the machine's own
     signs = None if host.is_live else bool(signing.get("applies"))
@@ -140,39 +143,50 @@ def _jobs() -> str:
     return env if env.isdigit() and int(env) > 0 else str(os.cpu_count() or 1)
 
 
-def _build_locked(host: Host, config, kernel: str, driver_version: str | None, progress, force: bool) -> dict:
+def _build_locked(host: Host, config, kernel: str, driver_version: str | None, progress, force: bool,
+                  prep: dict | None = None) -> dict:
+    """``prep``: what act/installable.prepare read before the operation's first step (the preflight's answer or
+    its refusal, our tree to render, the kernel's state); DKMS's tree is read again (world/refresh) only after a
+    step changed it. Without it (a build on its own, a reconcile step), everything is read here."""
+    from spark_memsaver.world import refresh
     t0 = time.monotonic()
     progress = progress or _noop
     progress(0.0, f"checking {kernel}")
     dv = dkms_version(host)
-    recovered = recover_broken(host, config)
-    pre = _preflight(host, config, kernel, driver_version)
+    state = prep["state"] if prep else refresh.kernel(host, kernel)
+    recovered = recover_broken(host, config, state["registered"])
+    if recovered:
+        state = refresh.kernel(host, kernel)          # recover_broken changed DKMS's tree
+    pre = prep["preflight"] if prep else _preflight(host, config, kernel, driver_version)
+    if isinstance(pre, Exception):
+        raise pre                                     # the preflight's refusal, where it always was
     driver = pre["driver"]
-    ver = dkms_version_string(driver)
+    planned = prep["tree"] if prep else None
+    ver = planned["version"] if planned else dkms_version_string(driver)
     progress(0.01, "settling the signing key")
     signing = _signing_for(host, config, kernel)
-    rendered = render(host, config, driver, pre["source"])
+    rendered = render(host, config, driver, pre["source"], planned)
     result = {"kernel": kernel, "driver": driver, "dkms_version": ver, "dkms": dv, "package": PACKAGE,
               "source": rendered["path"], "nvidia_source": pre["source"], "patch": pre["patch"],
               "signing": {k: signing.get(k) for k in ("applies", "reason", "key", "cert", "subject", "serial",
                                                        "sha256", "created", "changes_global_signing", "replaces")
                           if k in signing},
               "recovered": recovered}
-    if not force and not rendered["changed"] and built_module(host, ver, kernel) is not None:
-        v = _verify_built(host, ver, kernel, driver, signing)
+    if not force and not rendered["changed"] and state["built"].get(ver) is not None:
+        v = _verify_built(host, ver, kernel, driver, signing, state, pre["nvidia_ko"])
         if v["ok"]:
             result.update(status="already-built", module=v["module"], verification=v, seconds=0.0,
                           log=None)
-            progress(1.0, "already built" + (" and installed" if installed_version(host, kernel) == ver else ""))
+            progress(1.0, "already built" + (" and installed" if state["installed"] == ver else ""))
             return result
     if not host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
         r = _dkms(host, ["add", "-m", PACKAGE, "-v", ver], timeout=120)
         if not r.ok:
             _raise_for_dkms(r, f"dkms add {PACKAGE}/{ver}")
-    if installed_version(host, kernel) == ver:
+    if state["installed"] == ver:
         _uninstall_kernel(host, ver, kernel)  # rebuilding: `install` puts the new build in place
         result["uninstalled_for_rebuild"] = True
-    if kernel in kernels_of(host, ver):
+    if ver in state["build_dirs"]:
         _unbuild(host, ver, kernel)
     progress(0.02, "dkms build")
     res = _dkms(host, ["build", "-m", PACKAGE, "-v", ver, "-k", kernel, "-j", _jobs()], timeout=BUILD_TIMEOUT,
@@ -186,7 +200,7 @@ def _build_locked(host: Host, config, kernel: str, driver_version: str | None, p
             if kernel in kernels_of(host, ver) and built_module(host, ver, kernel) is None:
                 _unbuild(host, ver, kernel)
             _drop_if_empty(host, ver)
-    ver_res = _verify_built(host, ver, kernel, driver, signing)
+    ver_res = _verify_built(host, ver, kernel, driver, signing, refresh.kernel(host, kernel), pre["nvidia_ko"])
     result["verification"] = ver_res
     if not ver_res["ok"]:
         _unbuild(host, ver, kernel)

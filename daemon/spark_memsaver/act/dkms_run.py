@@ -110,7 +110,11 @@ def selected(host: Host, kernel: str, name: str, digest: bool = True) -> dict | 
     when nothing is selected or the selection cannot be read (callers treat both as "not ours", never as a
     verified stock file: verification compares paths and digests). Whether it is ours: decide/ours.py, on this
     dict."""
-    sel = modules.read_selected(host, kernel, name, digest=digest)
+    return shape(modules.read_selected(host, kernel, name, digest=digest))
+
+
+def shape(sel: dict) -> dict | None:
+    """:func:`selected`'s view of an observe/modules answer (a world/refresh.kernel's "uvm" or "nvidia")."""
     if sel["state"] in ("none", "builtin", "unreadable"):
         return None
     return {"path": sel["path"], "version": sel.get("version"), "srcversion": sel.get("srcversion"),

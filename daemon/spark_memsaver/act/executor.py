@@ -65,7 +65,7 @@ def recover(host: Host, config: Config, progress, problems: list, seen: dict | N
     receives the snapshot it planned from ("snap"): when nothing was recovered it is still the host's state."""
     snap, support, steps = plan_now(host, config, rebuild=False)
     if seen is not None:
-        seen["snap"] = snap
+        seen["snap"], seen["support"] = snap, support
     todo = recovery_steps(steps)
     return st.execute(host, config, todo, snap, progress, problems) if todo else []
 
@@ -105,24 +105,29 @@ def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progre
         rio.record_problem(problems, f"the hold of {kernel or 'every kernel'} ({by})", e)
 
 
-def _install(host, config, progress, problems, kernel=None, all_kernels=False):
+def _install(host, config, progress, problems, args: dict, seen: dict, recovered: list):
+    """install: decided, fetched and prepared from the operation's one observation (recovery's, when it acted
+    on nothing); the engine reads the host again only through world/refresh after a step (issue 34 item 3)."""
+    kernel, all_kernels = args.get("kernel"), args.get("all_kernels", False)
     k = None if all_kernels else _target(host, kernel)
     cfgmod.refuse_invalid(config, "install")
+    facts = (seen["snap"], seen["support"]) if seen.get("snap") is not None and not recovered else None
     # refused with status's code and remedy (decide/installability.py), per kernel for --all as for --kernel
-    decided, skipped = installable.targets(host, config, k, all_kernels)
+    decided, skipped = installable.targets(host, config, k, all_kernels, facts=facts)
     installable.fetch_missing(host, config, decided, progress=st.fwd(progress))   # a missing source, fetched
     released = holds.release(host, k)        # the administrator's install ends their rollback/remove hold
     if released:
         st.say(progress, "hold released: " + ", ".join(released))
+    preps = [installable.prepare(host, config, facts[0] if facts else None, d["kernel"]) for d in decided]
     with rio.safe_intent(host, "install", k, removal=False, problems=problems):
         doc = st.engine_override().install(host, config, kernel=k, all_kernels=all_kernels, progress=st.fwd(progress),
-                                           kernels=[d["kernel"] for d in decided], skipped=skipped)
-        for r in doc.get("installed", []):
-            ok, info, nv = st.ours_matches(host, r["kernel"])
+                                           kernels=[d["kernel"] for d in decided], skipped=skipped, preps=preps)
+        for r, p in zip(doc.get("installed", []), preps):
+            ok, info, nv = st.ours_matches(host, r["kernel"])     # the version-match check: a fresh read
             if not ok:
                 raise st.StepFailed(f"kernel {r['kernel']}: after install the selected nvidia-uvm is "
                                     f"{info.get('path')} ({info.get('version')}), not ours for {nv}")
-            st.installed(host, config, r["kernel"], info, problems, progress)
+            st.installed(host, config, r["kernel"], info, problems, progress, settings=p["settings"])
     return doc
 
 
@@ -276,7 +281,7 @@ class _Op:
 # The ONE table of operations: its keys are opnames.EXECUTOR, in order (tests/test_executor.py).
 TABLE = {
     "build": _Op(_plain(_build), dryrun_plan=True),
-    "install": _Op(_plain(_install), dryrun_plan=True),
+    "install": _Op(_install, dryrun_plan=True),
     "remove": _Op(_plain(_remove), dryrun_plan=True),
     "activate": _Op(_act_activate, early=_early_activate),
     "rollback": _Op(_act_rollback, dryrun_plan=True),

@@ -6,6 +6,9 @@
   ``status`` shows for the same missing piece (the named error class of that code); when the driver's source
   can be fetched (decide: ``needs_fetch``) it is fetched first (act/source_fetch.py).
 * :func:`check_kernel` -- the one ``unknown-kernel`` refusal (exit 2) of every command that names a kernel.
+* :func:`prepare` -- what the install engine (act/override.install) needs for one kernel, read before the
+  operation's first step (observe once per operation: the engine reads the host again only through world/refresh,
+  after a step that changed it).
 
 Called from act/executor.py (under its lock), act/activate.py and act/dryrun.py; reads only, except the fetch.
 The status readers never come here: they call report/document.status_of over the same world.facts.
@@ -66,13 +69,15 @@ def require(host: Host, config: Config, kernel: str, progress=None, ignore: tupl
     return d
 
 
-def targets(host: Host, config: Config, kernel: str | None, all_kernels: bool, ignore: tuple = ()) -> tuple[list, list]:
+def targets(host: Host, config: Config, kernel: str | None, all_kernels: bool, ignore: tuple = (),
+            facts: tuple | None = None) -> tuple[list, list]:
     """(decisions, skipped): the kernels ``install``/``build`` act on, judged by the one installability decision
     over one observation. --kernel K (default: the running kernel): its decision, or its refusal raised. --all:
     each installed kernel exactly as --kernel K would judge it; a refused one is a row {kernel, code, reason,
     remedy} (what --kernel K would have refused with); when none can get ours, the first refusal is raised,
-    so --all on a one-kernel node says and exits what --kernel K does. Nothing is fetched here."""
-    snap, support = observe(host, config)
+    so --all on a one-kernel node says and exits what --kernel K does. Nothing is fetched here. ``facts``:
+    (snapshot, support) when the operation observed them already (act/executor.recover), else observed here."""
+    snap, support = facts or observe(host, config)
     if not all_kernels:
         if kernel is None:
             from spark_memsaver.act import dkms_run
@@ -117,3 +122,28 @@ def check_kernel(host: Host, kernel: str) -> str:
         return kernel
     from spark_memsaver.observe.snapshot import installed_kernels
     raise errors.unknown_kernel(kernel, sorted(installed_kernels(host)))
+
+
+def prepare(host: Host, config: Config, snap, kernel: str) -> dict:  # snap: model.World or None
+    """What ``install`` needs for ``kernel`` before its first step, from the operation's one observation (``snap``:
+    the Secure Boot section) and the readings of its preflight: {"kernel", "secure_boot", "state"
+    (world/refresh.kernel), "preflight" (act/build's preflight answer, or its named refusal, raised by the engine
+    where it always was), "tree" (act/render.plan_tree: our DKMS tree for that driver), "settings" (the build
+    record's settings, decide/policy.build_settings)}."""
+    from spark_memsaver.act import build, render
+    from spark_memsaver.decide import policy
+    from spark_memsaver.world import refresh
+    if snap is not None and isinstance(snap.secure_boot, dict):
+        sb = snap.secure_boot
+    else:                                   # no world of this operation at hand: the section read now
+        from spark_memsaver.act import override
+        sb = override._secure_boot(host)
+    out = {"kernel": kernel, "secure_boot": sb, "state": refresh.kernel(host, kernel),
+           "settings": policy.build_settings(config), "tree": None}
+    try:
+        out["preflight"] = build._preflight(host, config, kernel, None)
+    except errors.MemsaverError as e:
+        out["preflight"] = e
+        return out
+    out["tree"] = render.plan_tree(config, out["preflight"]["driver"], out["preflight"]["source"])
+    return out

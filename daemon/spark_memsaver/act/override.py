@@ -16,7 +16,7 @@ from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
 from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.act.dkms_errors import DkmsMissing, InstallRefused, StockNotRestored, VerificationFailed
-from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kotool, refresh_initramfs, running_kernel, selected, sha256
+from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kotool, refresh_initramfs, running_kernel, selected, sha256, shape
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
 
@@ -30,19 +30,21 @@ def _stock_record(host: Host, kernel: str) -> dict | None:
     return records.one(host, "stock", _stock_record_path(kernel))
 
 
-def record_stock(host: Host, kernel: str) -> dict | None:
+def record_stock(host: Host, kernel: str, state: dict | None = None) -> dict | None:
     """The ONE writer of the stock record (``paths.stock_record``; host/records.py's "stock" kind; the load-time
     guard reads its stock_path): which stock nvidia-uvm modprobe selects for ``kernel`` before our override.
     Only a stock module is recorded (decide/ours.is_stock): a packing module of any tag (decide/ours.is_ours --
     ``uvm-pt-pack/2`` included) or an unreadable selection never is; the record already there is kept then. The
     same file recorded again keeps its record. Nothing selected: a record without a stock file (when none is
     there yet). The older one-line text record goes once the JSON one names the file. Returns the record now in
-    force (None: none)."""
+    force (None: none). ``state``: world/refresh.kernel as the operation read it last, else read now."""
+    from spark_memsaver.world import refresh
     old = _stock_record(host, kernel)
-    sel = modules.read_selected(host, kernel, MODULE, digest=True)
+    state = state or refresh.kernel(host, kernel)
+    sel = state["uvm"]
     if sel["state"] in ("none", "builtin"):
         rec = old or {"kernel": kernel, "stock_path": None, "stock_sha256": None, "recorded": sig._now()}
-    elif not is_stock(sel):
+    elif not state["stock"]:
         return old
     elif old and old.get("stock_path") == sel["path"] and old.get("stock_sha256") == sel.get("sha256"):
         rec = old
@@ -72,19 +74,21 @@ def _other_dkms_owner(host: Host, kernel: str, path: str) -> dict | None:
     return None
 
 
-def verify_installed(host: Host, kernel: str) -> dict:
+def verify_installed(host: Host, kernel: str, state: dict | None = None) -> dict:
     """What is selected for `kernel` and whether it is our verified override.
 
     Returns {"kernel", "selected": path|None, "ours": bool, "installed_version": dkms version|None,
     "matches_dkms_copy": bool, "nvidia": {...}, "ok": bool, "problems": [...], "facts": {...}}.
     ``ok`` means: our module is selected, identical to DKMS's built copy, and passes the same checks
-    as the PRE_INSTALL guard against the nvidia.ko selected for that kernel.
+    as the PRE_INSTALL guard against the nvidia.ko selected for that kernel. ``state``: world/refresh.kernel
+    read after the step that installed (else read now): what kmod selects, never a cached answer.
     """
-    raw = modules.read_selected(host, kernel, MODULE)
-    sel = selected(host, kernel, MODULE)
-    nv = selected(host, kernel, "nvidia", digest=False)
-    ver = installed_version(host, kernel)
-    out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": built_here(sel),
+    from spark_memsaver.world import refresh
+    state = state or refresh.kernel(host, kernel)
+    raw = state["uvm"]
+    sel, nv = shape(raw), shape(state["nvidia"])
+    ver = state["installed"]
+    out = {"kernel": kernel, "selected": sel and sel.get("path"), "ours": state["built_here"],
            "state": raw["state"], "installed_version": ver, "nvidia": nv, "matches_dkms_copy": False,
            "ok": False, "problems": []}
     if raw["state"] == "unreadable":
@@ -93,17 +97,16 @@ def verify_installed(host: Host, kernel: str) -> dict:
     if sel is None:
         out["problems"].append(f"no {MODULE} is selected for {kernel}")
         return out
-    if not built_here(sel):
-        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours" if not is_ours(sel) else
+    if not state["built_here"]:
+        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours" if not state["ours"] else
                                f"the selected {MODULE} ({sel['path']}) is a packing module this package did not "
                                f"build (tag {sel.get('patch_id')!r}, not {PATCH_ID!r})")
         return out
-    built = built_module(host, ver, kernel) if ver else None
+    built = state["built"].get(ver) if ver else None
     out["matches_dkms_copy"] = bool(built and sha256(built) == sel.get("sha256"))
     if not out["matches_dkms_copy"]:
         out["problems"].append("the selected file differs from DKMS's built copy (another package overwrote it?)")
-    parsed = parse_dkms_version(ver) if ver else None
-    driver = parsed[0] if parsed else (sel.get("version") or "")
+    driver = state["installed_driver"] or (sel.get("version") or "")
     record = sig.read_record(host)
     signs = None                    # live: verify reads the kernel's config itself (unreadable -> a problem)
     if not host.is_live:            # --root: the fixture kernel's config, never the machine's own
@@ -189,23 +192,27 @@ def remove_plan(host: Host, kernel: str, have_dkms: bool = True) -> list[dict]:
                   step("initramfs", "update-initramfs -u -k " + kernel)]
 
 
-def _install_one(host: Host, config, kernel: str, progress) -> dict:
-    sb = _secure_boot(host)
+def _install_one(host: Host, config, kernel: str, progress, prep: dict | None = None) -> dict:
+    """``prep``: act/installable.prepare's answer for ``kernel`` (read before the operation's first step); the
+    host is read again through world/refresh only after a step that changed it."""
+    from spark_memsaver.world import refresh
+    sb = prep["secure_boot"] if prep else _secure_boot(host)
     if sb.get("state") == "unknown":
         raise SecureBootUnknown("Secure Boot state is unknown: " + (sb.get("reason") or "unreadable")
                                 + "; refusing to install a module that might not load")
-    b = _build_locked(host, config, kernel, None, _scaled(progress, 0.0, 0.9), False)
+    b = _build_locked(host, config, kernel, None, _scaled(progress, 0.0, 0.9), False, prep)
     ver = b["dkms_version"]
     progress(0.9, f"installing {PACKAGE}/{ver} for {kernel}")
-    rec = record_stock(host, kernel) or {}
+    unchanged = prep and b["status"] == "already-built" and not b["recovered"]
+    state = prep["state"] if unchanged else refresh.kernel(host, kernel)      # the build changed DKMS's tree
+    rec = record_stock(host, kernel, state) or {}
     written = ensure_host_files(host)
     if written:
         _depmod(host, kernel)
-    if installed_version(host, kernel) not in (None, ver):
-        _uninstall_kernel(host, installed_version(host, kernel), kernel)
-    if installed_version(host, kernel) != ver:
-        built = built_module(host, ver, kernel)
-        ours = sha256(built) if built else None
+    if state["installed"] not in (None, ver):
+        _uninstall_kernel(host, state["installed"], kernel)
+        state = refresh.kernel(host, kernel)
+    if state["installed"] != ver:
         # A foreign copy at our path (another DKMS package's nvidia-uvm) is restored on remove from its
         # DKMS tree (recorded above); DKMS itself just overwrites it.
         r = _dkms(host, ["install", "-m", PACKAGE, "-v", ver, "-k", kernel], timeout=900)
@@ -215,14 +222,14 @@ def _install_one(host: Host, config, kernel: str, progress) -> dict:
         out = r.stdout + r.stderr
     else:
         out = ""
-    v = verify_installed(host, kernel)
+    v = verify_installed(host, kernel)            # a fresh read: what kmod selects after dkms install
     if not v["ok"]:
         refusal = [l for l in out.splitlines() if re.search(r"exactly matches|not newer|will not replace|obsoleted"
                                                             r"|--force", l)]
-        if installed_version(host, kernel) == ver:
+        if v["installed_version"] == ver:
             _uninstall_kernel(host, ver, kernel)
         restore_stock(host, kernel)
-        if refusal or not built_here(v):          # v["state"]: the selection verify_installed read
+        if refusal or not v["ours"]:              # the selection verify_installed read
             raise InstallRefused(f"dkms install exited 0 but {PACKAGE}/{ver} is not the selected {MODULE} for "
                                  f"{kernel} (selected: {v['selected']})" + ("; DKMS said: " + " ".join(refusal)
                                                                             if refusal else ""),
@@ -246,10 +253,11 @@ def _secure_boot(host: Host) -> dict:
 
 
 def install(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None,
-            kernels: list[str] | None = None, skipped: list[dict] | None = None) -> dict:
+            kernels: list[str] | None = None, skipped: list[dict] | None = None, preps: list | None = None) -> dict:
     """Build (if needed) and install the override; prove it is selected (modinfo -k K -n nvidia-uvm).
     ``kernels``: those the executor chose (act/installable.targets: the one installability decision, for
-    --kernel and for each kernel of --all); ``skipped``: the rows of those it refused."""
+    --kernel and for each kernel of --all); ``skipped``: the rows of those it refused; ``preps``: for each of
+    ``kernels``, act/installable.prepare's answer (read before the first step)."""
     _require_root(host)
     progress = progress or _noop
     if kernels is None:
@@ -262,7 +270,12 @@ def install(host: Host, config, kernel: str | None = None, all_kernels: bool = F
     skipped = list(skipped or [])
     results = []
     for i, k in enumerate(kernels):
-        results.append(_install_one(host, config, k, _scaled(progress, i / len(kernels), (i + 1) / len(kernels))))
+        prep = preps[i] if preps else None
+        if prep and i:            # an earlier kernel's install changed DKMS's tree: this kernel's state read again
+            from spark_memsaver.world import refresh
+            prep = dict(prep, state=refresh.kernel(host, k))
+        results.append(_install_one(host, config, k, _scaled(progress, i / len(kernels), (i + 1) / len(kernels)),
+                                    prep))
     return {"installed": results, "skipped": skipped}
 
 

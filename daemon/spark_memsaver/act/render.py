@@ -19,9 +19,10 @@ from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, data_dir, log, sha256
 from spark_memsaver.world.tree import source_tree
 
 
-def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
-    """Write /usr/src/spark-memsaver-uvm-<ver>/ (only our files; never a link into /usr/src/nvidia-*).
-    Atomic (temp dir + rename); unchanged content is left alone. Returns {"version", "path", "changed"}."""
+def plan_tree(config, driver: str, nvidia_source: str) -> dict:
+    """What :func:`render` writes for ``driver``: {"version", "dest", "files": {name: (bytes, mode)}, "meta"}, from
+    the configuration, the manifest and our templates only (no host state): an install prepares it before its
+    first step (act/installable.prepare)."""
     import jinja2
 
     from spark_memsaver.act import patch as uvm_patch
@@ -57,6 +58,15 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
             "kernels_policy": config.kernels, "nvidia_source": nvidia_source, "patch_id": PATCH_ID,
             "signing_record": sig.RECORD, "content_sha256": content.hexdigest()}
     files["spark-memsaver.json"] = (json.dumps(meta, indent=2).encode() + b"\n", 0o644)
+    return {"version": ver, "dest": dest, "files": files, "meta": meta}
+
+
+def render(host: Host, config, driver: str, nvidia_source: str, planned: dict | None = None) -> dict:
+    """Write /usr/src/spark-memsaver-uvm-<ver>/ (only our files; never a link into /usr/src/nvidia-*).
+    Atomic (temp dir + rename); unchanged content is left alone. Returns {"version", "path", "changed"}.
+    ``planned``: :func:`plan_tree`'s answer for the same arguments, when the caller made it already."""
+    planned = planned or plan_tree(config, driver, nvidia_source)
+    ver, dest, files, meta = planned["version"], planned["dest"], planned["files"], planned["meta"]
     target = host.path(dest)
     old = records.one(host, "dkms-tree", f"{dest}/spark-memsaver.json")
     if target.is_dir() and not target.is_symlink() and old and old.get("content_sha256") == meta["content_sha256"] \
@@ -77,11 +87,12 @@ def render(host: Host, config, driver: str, nvidia_source: str) -> dict:
     return {"version": ver, "path": dest, "changed": True}
 
 
-def recover_broken(host: Host, config) -> list[str]:
+def recover_broken(host: Host, config, registered: list[str] | None = None) -> list[str]:
     """Registrations whose /usr/src tree vanished (DKMS 3.0.x then fails `status`/`autoinstall` for EVERY
-    module): re-render our tree for them so DKMS works again. Returns the versions repaired."""
+    module): re-render our tree for them so DKMS works again. Returns the versions repaired. ``registered``: the
+    versions registered as the operation read them (world/refresh.kernel), else read now."""
     repaired = []
-    for ver in registered_versions(host):
+    for ver in registered_versions(host) if registered is None else registered:
         if host.path(f"{SRC_ROOT}/{PACKAGE}-{ver}/dkms.conf").is_file():
             continue
         parsed = parse_dkms_version(ver)

@@ -72,10 +72,12 @@ def still_ours(host: Host, kernel: str) -> bool:
 
 
 def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
-    from spark_memsaver.observe import modules
-    sel = modules.selection(host, kernel)
-    nv = rc.base_version((sel.get("nvidia") or {}).get("version"))
-    return ours.built_here(sel) and sel.get("versions_match") is True, modules.describe(sel) or {}, nv
+    """Ours, built here, for the nvidia.ko beside it: the version-match check after an install, read fresh
+    (world/refresh.kernel: kmod's own answer now, never the operation's earlier reading)."""
+    from spark_memsaver.world import refresh
+    now = refresh.kernel(host, kernel)
+    nv = rc.base_version((now["nvidia"] or {}).get("version"))
+    return now["built_here"] and now["versions_match"] is True, now["described"] or {}, nv
 
 
 # --- engines, wrapped --------------------------------------------------------------------------
@@ -167,9 +169,10 @@ def do_build_install(host, config, step: rc.Step, progress, problems: list) -> d
     return installed(host, config, k, info, problems, progress)
 
 
-def installed(host, config, k: str, info: dict, problems: list, progress=None) -> dict:
-    """Bookkeeping after a verified install: build record, rollback record and stale intents cleared."""
-    rio.write_build(host, k, policy.build_settings(config), driver=rc.base_version(info.get("version")),
+def installed(host, config, k: str, info: dict, problems: list, progress=None, settings: dict | None = None) -> dict:
+    """Bookkeeping after a verified install: build record, rollback record and stale intents cleared. ``settings``:
+    decide/policy.build_settings(config), when the operation prepared it before its first step."""
+    rio.write_build(host, k, settings or policy.build_settings(config), driver=rc.base_version(info.get("version")),
                     problems=problems, srcversion=info.get("srcversion"), path=info.get("path"))
     try:
         if intents.clear_rollback(host, k):
