@@ -136,8 +136,7 @@ def prepare(host: Host, config: Config, snap, kernel: str) -> dict:  # snap: mod
     if snap is not None and isinstance(snap.secure_boot, dict):
         sb = snap.secure_boot
     else:                                   # no world of this operation at hand: the section read now
-        from spark_memsaver.act import override
-        sb = override._secure_boot(host)
+        sb = secure_boot(host)
     out = {"kernel": kernel, "secure_boot": sb, "state": refresh.kernel(host, kernel),
            "settings": policy.build_settings(config), "tree": None}
     try:
@@ -147,3 +146,11 @@ def prepare(host: Host, config: Config, snap, kernel: str) -> dict:  # snap: mod
         return out
     out["tree"] = render.plan_tree(config, out["preflight"]["driver"], out["preflight"]["source"])
     return out
+
+
+def secure_boot(host: Host) -> dict:
+    """The Secure Boot section read now (world.secure_boot); a reading that fails is state "unknown" with why."""
+    try:
+        return world.secure_boot(host)
+    except Exception as e:
+        return {"state": "unknown", "reason": str(e)}

@@ -44,7 +44,7 @@ def record_stock(host: Host, kernel: str, state: dict | None = None) -> dict | N
     sel = state["uvm"]
     if sel["state"] in ("none", "builtin"):
         rec = old or {"kernel": kernel, "stock_path": None, "stock_sha256": None, "recorded": sig._now()}
-    elif not state["stock"]:
+    elif not state["is_stock"]:
         return old
     elif old and old.get("stock_path") == sel["path"] and old.get("stock_sha256") == sel.get("sha256"):
         rec = old
@@ -98,7 +98,7 @@ def verify_installed(host: Host, kernel: str, state: dict | None = None) -> dict
         out["problems"].append(f"no {MODULE} is selected for {kernel}")
         return out
     if not state["built_here"]:
-        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours" if not state["ours"] else
+        out["problems"].append(f"the selected {MODULE} ({sel['path']}) is not ours" if not state["is_ours"] else
                                f"the selected {MODULE} ({sel['path']}) is a packing module this package did not "
                                f"build (tag {sel.get('patch_id')!r}, not {PATCH_ID!r})")
         return out
@@ -222,14 +222,15 @@ def _install_one(host: Host, config, kernel: str, progress, prep: dict | None = 
         out = r.stdout + r.stderr
     else:
         out = ""
-    v = verify_installed(host, kernel)            # a fresh read: what kmod selects after dkms install
+    now = refresh.kernel(host, kernel)            # a fresh read: what kmod selects after dkms install
+    v = verify_installed(host, kernel, now)
     if not v["ok"]:
         refusal = [l for l in out.splitlines() if re.search(r"exactly matches|not newer|will not replace|obsoleted"
                                                             r"|--force", l)]
         if v["installed_version"] == ver:
             _uninstall_kernel(host, ver, kernel)
         restore_stock(host, kernel)
-        if refusal or not v["ours"]:              # the selection verify_installed read
+        if refusal or not now["built_here"]:      # the selection verify_installed read
             raise InstallRefused(f"dkms install exited 0 but {PACKAGE}/{ver} is not the selected {MODULE} for "
                                  f"{kernel} (selected: {v['selected']})" + ("; DKMS said: " + " ".join(refusal)
                                                                             if refusal else ""),
@@ -245,11 +246,8 @@ def _install_one(host: Host, config, kernel: str, progress, prep: dict | None = 
 
 
 def _secure_boot(host: Host) -> dict:
-    from spark_memsaver import world
-    try:
-        return world.secure_boot(host)
-    except Exception as e:
-        return {"state": "unknown", "reason": str(e)}
+    from spark_memsaver.act import installable
+    return installable.secure_boot(host)
 
 
 def install(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None,

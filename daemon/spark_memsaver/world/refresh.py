@@ -7,7 +7,7 @@ mutating step changed -- DKMS's tree after ``dkms build``/``uninstall``, the mod
 
     kernel(host, K)   what modprobe selects for K (observe/modules.selection: nvidia-uvm with its digest, the
                       nvidia.ko beside it, ``versions_match``), the verdicts over it (decide/ours: ``built_here``,
-                      ``ours``, ``stock``) and our DKMS registration for K (observe/dkms: registered versions,
+                      ``is_ours``, ``is_stock``) and our DKMS registration for K (observe/dkms: registered versions,
                       the installed one and the driver it was built for, each version's built module)
 
 The version-match check before ours is recorded as installed is such a read, fresh from kmod (never cached): a
@@ -28,8 +28,8 @@ def kernel(host, kernel: str) -> dict:
     installed = odkms.installed_version(host, kernel)
     parsed = odkms.parse_dkms_version(installed) if installed else None
     return {"kernel": kernel, "uvm": sel, "nvidia": sel["nvidia"], "versions_match": sel["versions_match"],
-            "described": modules.describe(sel), "built_here": ours.built_here(sel), "ours": ours.is_ours(sel),
-            "stock": ours.is_stock(sel), "registered": registered, "installed": installed,
+            "described": modules.describe(sel), "built_here": ours.built_here(sel), "is_ours": ours.is_ours(sel),
+            "is_stock": ours.is_stock(sel), "registered": registered, "installed": installed,
             "installed_driver": parsed[0] if parsed else None,
             "built": {v: odkms.built_module(host, v, kernel) for v in registered},
             "build_dirs": [v for v in registered if kernel in odkms.kernels_of(host, v)]}
