@@ -57,50 +57,65 @@ def _remove_steps(host: Host, config: Config, kernel: str | None, all_kernels: b
     return steps
 
 
-def plan(op: str, host: Host, config: Config, **args) -> dict:
-    """The dry-run document of ``op`` (build, install, remove, rollback)."""
+def build(host: Host, config: Config, kernel=None, force=False, all_kernels=False, **_) -> tuple[list, list]:
+    """(steps, skipped) of ``build``: the fetch and the build install's plan would have; executor._build: --all is
+    --kernel K for each kernel targets lets get ours."""
     from spark_memsaver.act import override
-    kernel, all_kernels = args.get("kernel"), bool(args.get("all_kernels"))
-    steps: list[dict] = []
     skipped: list[dict] = []
-    if op == "build":             # executor._build: --all is --kernel K for each kernel targets lets get ours
-        if all_kernels:
-            decided, skipped = installable.targets(host, config, None, True, ignore=("secure-boot-unknown",))
-        else:
-            k = kernel or override.running_kernel(host)
-            decided = [installable.require(host, config, k, ignore=("secure-boot-unknown",), fetch=False)]
-        for d in decided:
-            k = d["kernel"]
-            own = [s for s in _install_steps(host, config, k, d) if s["action"] in ("fetch-source", "build")]
-            if args.get("force") and own[-1]["reason"].startswith("reuse"):
-                own[-1] = _step("build", k, "rebuild (--force) although an identical build exists")
-            steps += own
-    elif op == "install":
-        from spark_memsaver.act import dkms_run
-        from spark_memsaver.host import holds
-        target = None if all_kernels else (kernel or dkms_run.running_kernel(host))     # executor._install's
-        released = holds.releasable(host, target)
-        if released:                   # executor._install ends the administrator's hold before it acts
-            steps.append(_step("release-hold", target, "the administrator's hold ends (" + ", ".join(released)
-                               + "): automation may act on it again"))
-        decided, skipped = installable.targets(host, config, target, all_kernels)    # executor._install's
-        for d in decided:
-            steps += _install_steps(host, config, d["kernel"], d)
-    elif op == "remove":
-        steps = _remove_steps(host, config, kernel, all_kernels)
-    elif op == "rollback":
-        from spark_memsaver.act import rollback as rb
-        from spark_memsaver import world
-        snap = world.snapshot(host, config)
-        targets = rb._targets(snap, kernel)
-        for k in targets:
-            steps += [_step("remove", k.release, "take our nvidia-uvm away; the stock one is selected"),
-                      _step("record", k.release, f"rollback record: {args.get('reason') or 'requested'} "
-                                                    "(automation never undoes it; 'install' does)")]
-        if rb.reloads(snap, targets):         # act/rollback.rollback's own rule
-            steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
+    if all_kernels:
+        decided, skipped = installable.targets(host, config, None, True, ignore=("secure-boot-unknown",))
     else:
-        raise ValueError(op)
+        k = kernel or override.running_kernel(host)
+        decided = [installable.require(host, config, k, ignore=("secure-boot-unknown",), fetch=False)]
+    steps: list[dict] = []
+    for d in decided:
+        k = d["kernel"]
+        own = [s for s in _install_steps(host, config, k, d) if s["action"] in ("fetch-source", "build")]
+        if force and own[-1]["reason"].startswith("reuse"):
+            own[-1] = _step("build", k, "rebuild (--force) although an identical build exists")
+        steps += own
+    return steps, skipped
+
+
+def install(host: Host, config: Config, kernel=None, all_kernels=False, **_) -> tuple[list, list]:
+    """(steps, skipped) of ``install``: the hold released, then each kernel's steps (executor._install's targets)."""
+    from spark_memsaver.act import dkms_run
+    from spark_memsaver.host import holds
+    steps: list[dict] = []
+    target = None if all_kernels else (kernel or dkms_run.running_kernel(host))     # executor._install's
+    released = holds.releasable(host, target)
+    if released:                   # executor._install ends the administrator's hold before it acts
+        steps.append(_step("release-hold", target, "the administrator's hold ends (" + ", ".join(released)
+                           + "): automation may act on it again"))
+    decided, skipped = installable.targets(host, config, target, bool(all_kernels))    # executor._install's
+    for d in decided:
+        steps += _install_steps(host, config, d["kernel"], d)
+    return steps, skipped
+
+
+def remove(host: Host, config: Config, kernel=None, all_kernels=False, **_) -> tuple[list, list]:
+    return _remove_steps(host, config, kernel, bool(all_kernels)), []
+
+
+def rollback(host: Host, config: Config, kernel=None, reason=None, **_) -> tuple[list, list]:
+    from spark_memsaver.act import rollback as rb
+    from spark_memsaver import world
+    snap = world.snapshot(host, config)
+    targets = rb._targets(snap, kernel)
+    steps: list[dict] = []
+    for k in targets:
+        steps += [_step("remove", k.release, "take our nvidia-uvm away; the stock one is selected"),
+                  _step("record", k.release, f"rollback record: {reason or 'requested'} "
+                                                "(automation never undoes it; 'install' does)")]
+    if rb.reloads(snap, targets):         # act/rollback.rollback's own rule
+        steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused"))
+    return steps, []
+
+
+def plan(op: str, planner, host: Host, config: Config, **args) -> dict:
+    """The dry-run document of ``op``: what the run recovers first, then ``planner``'s steps (one of the functions
+    above: the executor's table names each operation's, act/executor.TABLE)."""
+    steps, skipped = planner(host, config, **args)
     # what executor.perform recovers first (an interrupted operation, a record to set aside): the run does it
     # before the steps above, which are planned from the node as it is now
     from spark_memsaver.act import recovery

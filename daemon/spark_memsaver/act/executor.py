@@ -196,11 +196,12 @@ def _apt_pre_install(host, config, chg: list[dict], progress, problems: list, sn
 def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
     """Do ``op`` (see the module docstring) and return what was done. Named errors on refusal/failure.
     Every finished operation but a dry run or a no-op becomes one event (host/events.py)."""
-    if op not in OPS:
+    row = TABLE.get(op)           # the one dispatch on the operation's name: everything else is the row's
+    if row is None:
         raise UsageError(f"unknown operation {op!r} (one of: {', '.join(OPS)})")
     from spark_memsaver.host import events
     try:
-        doc = _perform(op, host, config, progress=progress, lock_wait=lock_wait, **args)
+        doc = _perform(op, row, host, config, progress=progress, lock_wait=lock_wait, **args)
         found = config_finding(config)
         if found and isinstance(doc, dict):
             doc.setdefault("findings", []).append(found)
@@ -211,7 +212,7 @@ def perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: fl
             events.record(host, op, args, error=e)
         raise
     if not doc.get("dry_run") and not args.get("dry_run") and (doc.get("steps") or "packages" in doc
-                                                                or TABLE[op].always_an_event):
+                                                                or row.always_an_event):
         # reconcile and the APT door: an event when a step acted or NVIDIA packages changed
         events.record(host, op, args, result=doc)
     return doc
@@ -267,31 +268,36 @@ def _plain(fn):
                                                                                **args)
 
 
-class _Op:
-    """One row of the executor's table: what runs before the lock (may answer alone), what runs under it,
-    whether a dry run is act/dryrun.py's plan, whether an earlier operation's leftovers are recovered first,
-    whether each finished run is an event (else only one that acted)."""
-    __slots__ = ("early", "act", "dryrun_plan", "recover", "always_an_event")
+def _dryrun():
+    from spark_memsaver.act import dryrun        # imported when a dry run asks for it
+    return dryrun
 
-    def __init__(self, act, early=None, dryrun_plan=False, recover=True, always_an_event=True):
-        self.act, self.early, self.dryrun_plan, self.recover = act, early, dryrun_plan, recover
+
+class _Op:
+    """One row of the executor's table: what runs before the lock (may answer alone), what runs under it, a dry
+    run's planner (act/dryrun.py; None: the operation plans its own dry run), whether an earlier operation's
+    leftovers are recovered first, whether each finished run is an event (else only one that acted)."""
+    __slots__ = ("early", "act", "dryrun", "recover", "always_an_event")
+
+    def __init__(self, act, early=None, dryrun=None, recover=True, always_an_event=True):
+        self.act, self.early, self.dryrun, self.recover = act, early, dryrun, recover
         self.always_an_event = always_an_event
 
 
 # The ONE table of operations: its keys are opnames.EXECUTOR, in order (tests/test_executor.py).
 TABLE = {
-    "build": _Op(_plain(_build), dryrun_plan=True),
-    "install": _Op(_install, dryrun_plan=True),
-    "remove": _Op(_plain(_remove), dryrun_plan=True),
+    "build": _Op(_plain(_build), dryrun=lambda: _dryrun().build),
+    "install": _Op(_install, dryrun=lambda: _dryrun().install),
+    "remove": _Op(_plain(_remove), dryrun=lambda: _dryrun().remove),
     "activate": _Op(_act_activate, early=_early_activate),
-    "rollback": _Op(_act_rollback, dryrun_plan=True),
+    "rollback": _Op(_act_rollback, dryrun=lambda: _dryrun().rollback),
     "reconcile": _Op(_plain(_reconcile), early=_early_reconcile, recover=False, always_an_event=False),
     "apt-pre-install": _Op(_act_apt, early=_early_apt, always_an_event=False),
 }
 
 
-def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT, **args) -> dict:
-    row = TABLE[op]
+def _perform(op: str, row: _Op, host: Host, config: Config, *, progress=None, lock_wait: float = LOCK_WAIT,
+             **args) -> dict:
     problems: list = []
     for k in ([args["kernel"]] if args.get("kernel") else []) + list(args.get("kernels") or []):
         installable.check_kernel(host, k)        # every op that names a kernel: unknown-kernel, exit 2
@@ -305,9 +311,9 @@ def _perform(op: str, host: Host, config: Config, *, progress=None, lock_wait: f
         raise UsageError("--driver and --all exclude each other: each kernel builds for its own nvidia.ko",
                          remedy=f"Give one: '{rm.sm('build --kernel K --driver VERSION')}' for that kernel, or "
                                 f"'{rm.sm('build --all')}' for every kernel.")
-    if args.get("dry_run") and row.dryrun_plan:
+    if args.get("dry_run") and row.dryrun is not None:
         from spark_memsaver.act import dryrun     # the same targets and refusals as the run, nothing written
-        return dryrun.plan(op, host, config, **args)
+        return dryrun.plan(op, row.dryrun(), host, config, **args)
     args = dict(args)
     if row.early is not None:
         doc = row.early(host, config, progress, problems, args)
