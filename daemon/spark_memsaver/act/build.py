@@ -122,14 +122,15 @@ def _unbuild(host: Host, ver: str, kernel: str) -> None:
         _raise_for_dkms(r, f"dkms unbuild {PACKAGE}/{ver} -k {kernel}")
 
 
-def _drop_if_empty(host: Host, ver: str) -> None:
-    """Remove the registration (and our /usr/src tree) when no kernel has a build of it."""
-    if kernels_of(host, ver):
+def _drop_if_empty(host: Host, ver: str, kernels: list[str] | None = None) -> None:
+    """Remove the registration (and our /usr/src tree) when no kernel has a build of it. ``kernels``: those with
+    a build of ``ver`` (world/refresh.dkms, read after the removals), else read now."""
+    if kernels_of(host, ver) if kernels is None else kernels:
         return
     if host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
         r = _dkms(host, ["remove", "-m", PACKAGE, "-v", ver, "--all"], timeout=600)
         if not r.ok and host.path(f"{DKMS_TREE}/{PACKAGE}/{ver}").exists():
-            _forget_registration(host, ver)
+            _forget_registration(host, ver, kernels)
     src = host.path(f"{SRC_ROOT}/{PACKAGE}-{ver}")
     if src.is_dir() and (src / "spark-memsaver.json").exists():
         shutil.rmtree(src)

@@ -16,7 +16,7 @@ from spark_memsaver.host import Host, datadir
 from spark_memsaver.host import fsutil
 from spark_memsaver.host.fsutil import sha256_file
 from spark_memsaver.observe import modules
-from spark_memsaver.observe.dkms import DEPMOD_FILE, DKMS_TREE, FORCE_FILE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, installed_path, installed_version
+from spark_memsaver.observe.dkms import DEPMOD_FILE, DKMS_TREE, FORCE_FILE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, installed_version
 from spark_memsaver.act.dkms_errors import DKMS_EXIT_ERRORS, DkmsConfInvalid, DkmsError, DkmsMissing, DriverSourceCorrupt, DriverSourceMissing, HeadersMissing
 from spark_memsaver.host import paths
 
@@ -262,7 +262,7 @@ def _protect_foreign(host: Host, kernel: str, ours_digest: str | None):
     """Files at our install path that are not ours (another DKMS package's): move aside, return restorer."""
     moved = []
     for s in _SUFFIXES:
-        p = host.path(installed_path(host, kernel, s))
+        p = host.path(paths.dkms_installed(kernel, s))
         if p.is_file() and sha256(p) != ours_digest:
             aside = p.with_name(f".{p.name}.spark-memsaver-aside")
             os.rename(p, aside)
@@ -313,9 +313,11 @@ def _protect_replaced_stock(host: Host, kernel: str):
     return restore
 
 
-def _uninstall_kernel(host: Host, ver: str, kernel: str) -> None:
+def _uninstall_kernel(host: Host, ver: str, kernel: str, built=...) -> None:
+    """``built``: DKMS's built module of ``ver`` for ``kernel`` as the operation read it (None: none), else read."""
     _backup_originals(host, kernel)  # DKMS 3.0.x deletes original_module/ on uninstall without restoring it
-    built = built_module(host, ver, kernel)
+    if built is ...:
+        built = built_module(host, ver, kernel)
     restore = _protect_foreign(host, kernel, sha256(built) if built else None)
     keep_newer = _protect_replaced_stock(host, kernel)
     try:

@@ -47,11 +47,10 @@ def _remove_steps(host: Host, config: Config, kernel: str | None, all_kernels: b
     k = None if all_kernels else (kernel or dkms_run.running_kernel(host))     # executor._target
     steps = [_step("hold", k, f"automation leaves {k or 'every kernel'} on the stock nvidia-uvm until "
                               "'sudo spark-memsaver install'")]
-    have_dkms = override.has_dkms(host)
-    kernels = override.remove_targets(host, k, all_kernels)
-    for kk in kernels:
-        steps += override.remove_plan(host, kk, have_dkms)
-    if override.reloads_after(host, kernels):
+    prep = override.remove_prepare(host, k, all_kernels)       # what the run prepares before its first step
+    for kk in prep["kernels"]:
+        steps += prep["plans"][kk]
+    if prep["reload"]:
         steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused "
                                                "(in use: at next boot)"))
     return steps

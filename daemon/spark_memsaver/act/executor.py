@@ -134,11 +134,12 @@ def _install(host, config, progress, problems, args: dict, seen: dict, recovered
 def _remove(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     _hold(host, "remove", k, "requested", problems, progress)
-    reload = st.engine_override().reloads_after(host, st.engine_override().remove_targets(host, k, all_kernels))
+    prep = st.engine_override().remove_prepare(host, k, all_kernels)     # read before the first step
+    reload = prep["reload"]
     with rio.safe_intent(host, "remove", k, removal=True, problems=problems, reason="requested"):
-        doc = st.remove(host, config, k, progress)
+        doc = st.remove(host, config, k, progress, prep)
         for r in doc.get("restored", []):
-            if st.still_ours(host, r["kernel"]):
+            if st.still_ours(host, r["kernel"]):      # the stock module selected again: a fresh read
                 raise st.StepFailed(f"kernel {r['kernel']}: our nvidia-uvm is still selected after removal")
             rio.clear_build(host, r["kernel"])
     if reload:     # ours loaded: the stock module takes its place now where /dev/nvidia-uvm is unused (as rollback)

@@ -10,24 +10,20 @@ from pathlib import Path
 
 
 from spark_memsaver.act import signing as sig
-from spark_memsaver.decide.ours import built_here, is_ours, is_stock
+from spark_memsaver.decide.ours import built_here, is_ours
 from spark_memsaver.errors import MemsaverError, SecureBootUnknown
 from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
-from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
+from spark_memsaver.observe.dkms import DEST, DKMS_TREE, MODULE, PACKAGE, _SUFFIXES, built_module, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.act.dkms_errors import DkmsMissing, InstallRefused, StockNotRestored, VerificationFailed
 from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, _dkms, _noop, _raise_for_dkms, _require_root, _scaled, _uninstall_kernel, _write_json, dkms_version, ensure_host_files, kotool, refresh_initramfs, running_kernel, selected, sha256, shape
 from spark_memsaver.act.build import _build_locked, _drop_if_empty, _unbuild
 from spark_memsaver.act.render import recover_broken
+from spark_memsaver.act.removal import _stock_record, has_dkms, reloads_after, remove_plan, remove_prepare, remove_targets  # noqa: F401
 
 
 def _stock_record_path(kernel: str) -> str:
     return paths.stock_record(kernel)       # host/paths.py: the one location (safe_name'd)
-
-
-def _stock_record(host: Host, kernel: str) -> dict | None:
-    """The stock record, typed (host/records.py), or None when absent or bad."""
-    return records.one(host, "stock", _stock_record_path(kernel))
 
 
 def record_stock(host: Host, kernel: str, state: dict | None = None) -> dict | None:
@@ -124,74 +120,6 @@ def verify_installed(host: Host, kernel: str, state: dict | None = None) -> dict
     return out
 
 
-def remove_targets(host: Host, kernel: str | None, all_kernels: bool) -> list[str]:
-    """The kernels ``remove`` acts on: the one named (default: the running one), or with --all every installed
-    kernel and every kernel DKMS still keeps something of ours for (a kernel whose /lib/modules is gone)."""
-    if kernel and all_kernels:
-        from spark_memsaver.errors import UsageError
-        raise UsageError("--kernel and --all exclude each other", remedy="Give one of them.")
-    if not all_kernels:
-        return [kernel or running_kernel(host)]
-    from spark_memsaver.observe.snapshot import installed_kernels
-    ks = set(installed_kernels(host))
-    for ver in registered_versions(host):
-        ks.update(kernels_of(host, ver))
-    for link in host.path(f"{DKMS_TREE}/{PACKAGE}").glob("kernel-*"):
-        ks.add(re.sub(r"-[^-]+$", "", link.name[len("kernel-"):]))
-    return sorted(ks)
-
-
-def reloads_after(host: Host, kernels: list[str]) -> bool:
-    """Whether taking ours away from ``kernels`` ends with reloading nvidia-uvm: ours is loaded and the running
-    kernel is one of them (act/executor._remove runs act/steps.reload_uvm; the dry run plans "reload-uvm")."""
-    from spark_memsaver.observe.snapshot import observe_uvm
-    uvm = observe_uvm(host)
-    return bool(uvm.get("loaded") and is_ours(uvm)) and running_kernel(host) in kernels
-
-
-def _leftovers(host: Host, kernel: str) -> list[str]:
-    """Copies of ours at our install path that DKMS does not account for (installed by hand, DKMS's tree lost):
-    those restore_stock takes away (decide/ours.built_here, the same owner)."""
-    return [installed_path(host, kernel, s) for s in _SUFFIXES if host.path(installed_path(host, kernel, s)).is_file()
-            and built_here(modules.read_file(host, installed_path(host, kernel, s)))]
-
-
-def has_dkms(host: Host) -> bool:
-    """dkms runs here (remove then uninstalls and unbuilds through it; without it, our files still go)."""
-    try:
-        dkms_version(host)
-        return True
-    except DkmsMissing:
-        return False
-
-
-def remove_plan(host: Host, kernel: str, have_dkms: bool = True) -> list[dict]:
-    """What ``remove`` does for ONE kernel, step for step ({"action", "kernel", "reason"}, DKMS's steps with
-    "version"): the plan the run executes (:func:`remove`) and the dry run prints (act/dryrun.py), for
-    --kernel K and for each kernel of --all alike."""
-    def step(action, reason, **kw):
-        return {"action": action, "kernel": kernel, "reason": reason, **kw}
-    out = []
-    versions = registered_versions(host) if have_dkms else []
-    inst = installed_version(host, kernel) if versions else None
-    for v in versions:
-        if inst == v:
-            out.append(step("uninstall", f"dkms uninstall {PACKAGE}/{v}", version=v))
-        if kernel in kernels_of(host, v):
-            out.append(step("unbuild", f"dkms unbuild {PACKAGE}/{v}", version=v))
-    rec = _stock_record(host, kernel)
-    left = _leftovers(host, kernel)
-    if not out and not rec and not left and not host.exists(paths.legacy_stock_record(kernel)):
-        return [step("restore-stock", "nothing of ours is registered: any copy of ours left goes"),
-                step("depmod", "select the stock nvidia-uvm again; verify it is selected")]
-    why = ("the recorded stock nvidia-uvm back where the driver package put it, checked by SHA-256" if rec else
-           "no stock record: any copy of ours left goes")
-    if left:
-        why += "; our copy not registered in DKMS goes: " + ", ".join(left)
-    return out + [step("restore-stock", why), step("depmod", "select the stock nvidia-uvm again; verify it is selected"),
-                  step("initramfs", "update-initramfs -u -k " + kernel)]
-
-
 def _install_one(host: Host, config, kernel: str, progress, prep: dict | None = None) -> dict:
     """``prep``: act/installable.prepare's answer for ``kernel`` (read before the operation's first step); the
     host is read again through world/refresh only after a step that changed it."""
@@ -278,23 +206,28 @@ def install(host: Host, config, kernel: str | None = None, all_kernels: bool = F
 
 
 def restore_stock(host: Host, kernel: str) -> dict:
-    """Make the stock nvidia-uvm the selected one for `kernel` again, whatever DKMS did; verify it."""
+    """Make the stock nvidia-uvm the selected one for `kernel` again, whatever DKMS did; verify it. What DKMS left
+    is read fresh (world/refresh.kernel) before and after: the files at our install path and at the recorded stock
+    path, then what modprobe selects once depmod ran."""
+    from spark_memsaver.world import refresh
     rec = _stock_record(host, kernel) or {}
     actions = []
+    stock_path, stock_sha = rec.get("stock_path"), rec.get("stock_sha256")
+    ours_at = [paths.dkms_installed(kernel, s) for s in _SUFFIXES]
+    now = refresh.kernel(host, kernel, files=tuple(ours_at) + ((stock_path,) if stock_path else ()))
     # 1. Any copy of ours left at our install path (DKMS 3.0.x refused/partial runs) goes.
-    for s in _SUFFIXES:
-        p = host.path(installed_path(host, kernel, s))
-        if p.is_file():
-            if built_here(modules.read_file(host, installed_path(host, kernel, s))) \
-                    and installed_version(host, kernel) is None:
-                p.unlink()
-                actions.append(f"removed leftover {installed_path(host, kernel, s)}")
+    for path in ours_at:
+        f = now["files"].get(path)
+        if f is not None and f["built_here"] and now["installed"] is None:
+            host.path(path).unlink()
+            actions.append(f"removed leftover {path}")
     # 2. The stock file must be back where the driver package put it (DKMS >= 3.1 moves it to
     #    original_module/; 3.1.0-3.1.6 restore it to DEST_MODULE_LOCATION instead of its origin).
-    stock_path, stock_sha = rec.get("stock_path"), rec.get("stock_sha256")
     cur_sha = sha256(host.path(stock_path)) if stock_path else None
     replaced = False
-    if stock_path and stock_sha and cur_sha is not None and cur_sha != stock_sha and not _file_is_ours(host, stock_path):
+    stock_now = now["files"].get(stock_path) if stock_path else None
+    if stock_path and stock_sha and cur_sha is not None and cur_sha != stock_sha and \
+            not (stock_now is not None and stock_now["is_ours"]):
         # Another stock file stands there now: a driver package replaced it since we recorded it (a driver
         # update, e.g. plain dpkg -i). It is the stock module of the installed driver. Putting the recorded
         # one back would pair the OLD driver's nvidia-uvm with the NEW nvidia.ko: never.
@@ -302,7 +235,7 @@ def restore_stock(host: Host, kernel: str) -> dict:
         actions.append(f"kept {stock_path}: a driver package replaced the recorded stock file since")
     if stock_path and stock_sha and cur_sha != stock_sha and not replaced:
         cands = list(host.path(f"{DKMS_TREE}/{PACKAGE}/original_module/{kernel}").rglob(f"{MODULE}.ko*")) + \
-            [host.path(installed_path(host, kernel, s)) for s in _SUFFIXES] + \
+            [host.path(paths.dkms_installed(kernel, s)) for s in _SUFFIXES] + \
             list(host.path(paths.stock_original(kernel)).glob(f"**/{MODULE}.ko*"))
         owner = rec.get("stock_owner_dkms")
         if owner and owner.get("copy"):
@@ -319,9 +252,10 @@ def restore_stock(host: Host, kernel: str) -> dict:
                 actions.append(f"restored {stock_path} from {c}")
                 break
     _depmod(host, kernel)
-    after = selected(host, kernel, MODULE)
+    now = refresh.kernel(host, kernel)           # the stock module selected again: kmod's answer now
+    after = shape(now["uvm"])
     problems = []
-    if is_ours(after):
+    if now["is_ours"]:
         problems.append(f"our module {after['path']} is still selected")
     if stock_path and stock_sha:
         if after is None or after.get("path") != stock_path or (after.get("sha256") != stock_sha and not replaced):
@@ -331,26 +265,27 @@ def restore_stock(host: Host, kernel: str) -> dict:
             "ok": not problems, "problems": problems, "stock": rec}
 
 
-def _file_is_ours(host: Host, path: str) -> bool:
-    """Whether the module file at ``path`` is a packing nvidia-uvm of any tag (decide/ours.is_ours over
-    observe/modules.read_file): never a stock file a driver package put back."""
-    return is_ours(modules.read_file(host, path))
-
-
-def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None) -> dict:
-    """Uninstall and unregister our module for the kernel(s); restore and VERIFY the stock module."""
+def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = False, progress=None,
+           prep: dict | None = None) -> dict:
+    """Uninstall and unregister our module for the kernel(s); restore and VERIFY the stock module. ``prep``:
+    :func:`remove_prepare`'s answer, read before the operation's first step (else read here); DKMS's tree is
+    read again (world/refresh) only after the steps that changed it."""
+    from spark_memsaver.world import refresh
     _require_root(host)
     progress = progress or _noop
-    have_dkms = has_dkms(host)     # toward stock never waits for dkms: our files go, the stock module is restored
-    recovered = recover_broken(host, config) if have_dkms else []   # and verified by hand; DKMS's record waits
+    prep = prep or remove_prepare(host, kernel, all_kernels)
+    have_dkms = prep["have_dkms"]
+    recovered = recover_broken(host, config, prep["registered"]) if have_dkms else []   # and verified by hand;
+    if recovered:                                        # DKMS's record waits. A repair changed DKMS's tree:
+        prep = remove_prepare(host, kernel, all_kernels)  # what to remove is read again
     done, restored = [], []
-    kernels = remove_targets(host, kernel, all_kernels)
+    kernels = prep["kernels"]
     for i, k in enumerate(kernels):
         progress(i / max(1, len(kernels)), f"removing from {k}")
-        plan = remove_plan(host, k, have_dkms)
+        plan = prep["plans"][k]
         for s in plan:
             if s["action"] == "uninstall":
-                _uninstall_kernel(host, s["version"], k)
+                _uninstall_kernel(host, s["version"], k, prep["built"].get((s["version"], k)))
                 done.append({"kernel": k, "dkms_version": s["version"], "action": "uninstalled"})
             elif s["action"] == "unbuild":
                 _unbuild(host, s["version"], k)
@@ -366,8 +301,9 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
             host.path(_stock_record_path(k)).unlink(missing_ok=True)
             host.path(paths.legacy_stock_record(k)).unlink(missing_ok=True)     # an older text one, if any
             shutil.rmtree(host.path(paths.stock_original(k)), ignore_errors=True)
-    for ver in registered_versions(host) if have_dkms else ():
-        _drop_if_empty(host, ver)
+    tree = refresh.dkms(host) if have_dkms else {"registered": [], "kernels": {}}     # after the removals
+    for ver in tree["registered"]:
+        _drop_if_empty(host, ver, tree["kernels"][ver])
     progress(1.0, "removed")
     return {"removed": done, "restored": restored, "recovered": recovered,
-            "registrations_left": registered_versions(host)}
+            "registrations_left": refresh.dkms(host)["registered"]}

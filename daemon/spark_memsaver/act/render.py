@@ -12,8 +12,8 @@ from pathlib import Path
 
 from spark_memsaver import __version__
 from spark_memsaver.act import signing as sig
-from spark_memsaver.host import Host, records
-from spark_memsaver.observe.dkms import DKMS_TREE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, dkms_version_string, installed_path, installed_version, kernels_of, parse_dkms_version, registered_versions
+from spark_memsaver.host import Host, paths, records
+from spark_memsaver.observe.dkms import DKMS_TREE, PACKAGE, SRC_ROOT, _SUFFIXES, built_module, dkms_version_string, installed_version, kernels_of, parse_dkms_version, registered_versions
 from spark_memsaver.decide import policy
 from spark_memsaver.act.dkms_run import PATCH_ID, _depmod, data_dir, log, sha256, source_candidates
 from spark_memsaver.world.tree import source_tree
@@ -110,12 +110,13 @@ def recover_broken(host: Host, config, registered: list[str] | None = None) -> l
     return repaired
 
 
-def _forget_registration(host: Host, ver: str) -> None:
-    for kernel in kernels_of(host, ver):
+def _forget_registration(host: Host, ver: str, kernels: list[str] | None = None) -> None:
+    """DKMS's record of ``ver`` taken away by hand (``kernels``: those built for it, as last read; else read)."""
+    for kernel in kernels_of(host, ver) if kernels is None else kernels:
         if installed_version(host, kernel) == ver:
             built = built_module(host, ver, kernel)
             for s in _SUFFIXES:
-                inst = host.path(installed_path(host, kernel, s))
+                inst = host.path(paths.dkms_installed(kernel, s))
                 if inst.is_file() and built is not None and sha256(inst) == sha256(built):
                     inst.unlink()
             for link in host.path(f"{DKMS_TREE}/{PACKAGE}").glob(f"kernel-{kernel}-*"):

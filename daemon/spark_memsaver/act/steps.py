@@ -65,10 +65,10 @@ def selected(host: Host, kernel: str, name: str = "nvidia_uvm") -> dict:
 
 def still_ours(host: Host, kernel: str) -> bool:
     """True unless the selection is proven not ours (stock, none, builtin): an unreadable selection after a
-    removal is a failure, never taken for stock."""
-    from spark_memsaver.observe import modules
-    sel = modules.read_selected(host, kernel)
-    return sel["state"] == "unreadable" or ours.is_ours(sel)
+    removal is a failure, never taken for stock. A fresh read (world/refresh.kernel)."""
+    from spark_memsaver.world import refresh
+    now = refresh.kernel(host, kernel)
+    return now["uvm"]["state"] == "unreadable" or now["is_ours"]
 
 
 def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
@@ -82,12 +82,13 @@ def ours_matches(host: Host, kernel: str) -> tuple[bool, dict, str | None]:
 
 # --- engines, wrapped --------------------------------------------------------------------------
 
-def remove(host: Host, config: Config, kernel: str | None, progress) -> dict:
+def remove(host: Host, config: Config, kernel: str | None, progress, prep: dict | None = None) -> dict:
+    """``prep``: act/override.remove_prepare's answer, read before the step began (else read by the engine)."""
     d = engine_override()
     if kernel is None:
-        res = d.remove(host, config, all_kernels=True, progress=fwd(progress)) or {}
+        res = d.remove(host, config, all_kernels=True, progress=fwd(progress), prep=prep) or {}
     else:
-        res = d.remove(host, config, kernel=kernel, progress=fwd(progress)) or {}
+        res = d.remove(host, config, kernel=kernel, progress=fwd(progress), prep=prep) or {}
         rio.clear_build(host, kernel)
     return res
 
@@ -116,10 +117,11 @@ def _public(rec: dict | None) -> dict | None:
 
 
 def do_remove(host, config, step: rc.Step, progress, problems: list, op: str = "remove") -> dict:
+    prep = engine_override().remove_prepare(host, step.kernel, step.kernel is None)    # before the first step
     with rio.safe_intent(host, op, step.kernel, removal=True, problems=problems, reason=step.reason,
                          driver_from=step.driver_from, driver_to=step.driver_to):
         say(progress, f"{step.kernel}: removing our nvidia-uvm ({step.reason})")
-        res = remove(host, config, step.kernel, progress)
+        res = remove(host, config, step.kernel, progress, prep)
         if step.kernel and still_ours(host, step.kernel):
             raise StepFailed(f"kernel {step.kernel}: our nvidia-uvm is still selected after removal")
     return res

@@ -88,6 +88,12 @@ def legacy_stock_record(kernel: str) -> str:
     return f"{STOCK_DIR}/{kernel}"
 
 
+def dkms_installed(kernel: str, suffix: str = "") -> str:
+    """Where DKMS installs our nvidia-uvm for ``kernel`` (its DEST_MODULE_LOCATION, updates/dkms; ``suffix``: the
+    compression's, e.g. ".zst"): the file that modprobe selects over the driver package's once depmod ran."""
+    return f"/lib/modules/{kernel}/updates/dkms/nvidia-uvm.ko{suffix}"
+
+
 def stock_original(kernel: str) -> str:
     return f"{DKMS_STATE}/original/{safe_name(kernel)}"
 

@@ -89,7 +89,7 @@ def kernels_of(host: Host, ver: str) -> list[str]:
 
 
 def installed_path(host: Host, kernel: str, suffix: str = "") -> str:
-    return f"/lib/modules/{kernel}{DEST}/{MODULE}.ko{suffix}"
+    return paths.dkms_installed(kernel, suffix)        # host/paths.py: the one location
 
 
 # ------------------------------------------------------------------------------------------------
