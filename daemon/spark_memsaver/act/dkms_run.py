@@ -91,9 +91,13 @@ def dkms_cmd() -> str:
     return os.environ.get("SPARK_MEMSAVER_DKMS") or "dkms"
 
 
+def dkms_present(host: Host) -> bool:
+    """The dkms program is there to run (found on PATH, or $SPARK_MEMSAVER_DKMS executable); nothing is run."""
+    return bool(host.runner.which(dkms_cmd()) if "/" not in dkms_cmd() else os.access(dkms_cmd(), os.X_OK))
+
+
 def dkms_version(host: Host) -> str:
-    exe = host.runner.which(dkms_cmd()) if "/" not in dkms_cmd() else (dkms_cmd() if os.access(dkms_cmd(), os.X_OK) else None)
-    if not exe:
+    if not dkms_present(host):
         raise DkmsMissing("dkms is not installed")
     r = host.run([dkms_cmd(), "--version"], timeout=30)
     m = re.search(r"(\d+\.\d+(?:\.\d+)?)", r.stdout + r.stderr)

@@ -274,10 +274,10 @@ def remove(host: Host, config, kernel: str | None = None, all_kernels: bool = Fa
     _require_root(host)
     progress = progress or _noop
     prep = prep or remove_prepare(host, kernel, all_kernels)
-    have_dkms = prep["have_dkms"]
+    have_dkms = has_dkms(host)                           # its first dkms run (the plan only looked for it)
     recovered = recover_broken(host, config, prep["registered"]) if have_dkms else []   # and verified by hand;
-    if recovered:                                        # DKMS's record waits. A repair changed DKMS's tree:
-        prep = remove_prepare(host, kernel, all_kernels)  # what to remove is read again
+    if recovered or have_dkms != prep["have_dkms"]:      # DKMS's record waits. A repair changed DKMS's tree:
+        prep = remove_prepare(host, kernel, all_kernels, have_dkms)  # what to remove is read again
     done, restored = [], []
     kernels = prep["kernels"]
     for i, k in enumerate(kernels):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from spark_memsaver.act.dkms_run import _SUFFIXES, dkms_version, running_kernel
 from spark_memsaver.act.dkms_errors import DkmsMissing
+from spark_memsaver.act.dkms_run import _SUFFIXES, dkms_present, dkms_version, running_kernel
 from spark_memsaver.decide.ours import built_here, is_ours
 from spark_memsaver.host import Host, paths, records
 from spark_memsaver.observe import modules
@@ -53,7 +53,8 @@ def _leftovers(host: Host, kernel: str) -> list[str]:
 
 
 def has_dkms(host: Host) -> bool:
-    """dkms runs here (remove then uninstalls and unbuilds through it; without it, our files still go)."""
+    """dkms runs here (remove then uninstalls and unbuilds through it; without it, our files still go): the
+    engine asks it for its version, its first dkms run. The plan (:func:`remove_prepare`) only looks for it."""
     try:
         dkms_version(host)
         return True
@@ -88,12 +89,13 @@ def remove_plan(host: Host, kernel: str, have_dkms: bool = True) -> list[dict]:
                   step("initramfs", "update-initramfs -u -k " + kernel)]
 
 
-def remove_prepare(host: Host, kernel: str | None, all_kernels: bool) -> dict:
+def remove_prepare(host: Host, kernel: str | None, all_kernels: bool, have_dkms: bool | None = None) -> dict:
     """What ``remove`` does, read before its first step (the executor's, the reconcile step's and the dry run's):
     {"have_dkms", "registered", "kernels" (remove_targets), "plans" {kernel: remove_plan}, "built" {(version,
     kernel): DKMS's built module}, "reload" (reloads_after)}."""
     from spark_memsaver.world import refresh
-    have_dkms = has_dkms(host)     # toward stock never waits for dkms: our files go, the stock module is restored
+    if have_dkms is None:            # toward stock never waits for dkms: our files go, the stock one is restored
+        have_dkms = dkms_present(host)
     kernels = remove_targets(host, kernel, all_kernels)
     tree = refresh.dkms(host) if have_dkms else {"registered": [], "kernels": {}}
     plans = {k: remove_plan(host, k, have_dkms) for k in kernels}
