@@ -163,9 +163,11 @@ def _build_locked(host: Host, config, kernel: str, driver_version: str | None, p
         raise pre                                     # the preflight's refusal, where it always was
     driver = pre["driver"]
     planned = prep["tree"] if prep else None
-    ver = planned["version"] if planned else dkms_version_string(driver)
+    ver = dkms_version_string(driver) if planned is None or isinstance(planned, Exception) else planned["version"]
     progress(0.01, "settling the signing key")
     signing = _signing_for(host, config, kernel)
+    if isinstance(planned, Exception):
+        raise planned                                 # rendering our tree failed, where it always did
     rendered = render(host, config, driver, pre["source"], planned)
     result = {"kernel": kernel, "driver": driver, "dkms_version": ver, "dkms": dv, "package": PACKAGE,
               "source": rendered["path"], "nvidia_source": pre["source"], "patch": pre["patch"],
@@ -218,17 +220,18 @@ def _build_locked(host: Host, config, kernel: str, driver_version: str | None, p
 
 
 def build(host: Host, config, kernel: str | None = None, driver_version: str | None = None, progress=None,
-          force: bool = False) -> dict:
+          force: bool = False, prep: dict | None = None) -> dict:
     """Render, register and build the patched nvidia-uvm for `kernel` (default: the running kernel).
 
     The driver version is the version of the nvidia.ko selected for that kernel; ``driver_version``, when
     given, must equal it. Returns a dict (kernel, driver, dkms_version, module, log, signing, verification,
     seconds, status 'built'|'already-built'). Raises a named error, leaving nothing registered that was
-    not there before, when anything refuses or fails.
+    not there before, when anything refuses or fails. ``prep``: act/installable.prepare's answer for ``kernel``
+    and ``driver_version``, read before the operation's first step.
     """
     _require_root(host)
     kernel = kernel or running_kernel(host)
-    return _build_locked(host, config, kernel, driver_version, progress, force)
+    return _build_locked(host, config, kernel, driver_version, progress, force, prep)
 
 
 # ------------------------------------------------------------------------------------------------

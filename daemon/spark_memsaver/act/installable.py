@@ -124,12 +124,13 @@ def check_kernel(host: Host, kernel: str) -> str:
     raise errors.unknown_kernel(kernel, sorted(installed_kernels(host)))
 
 
-def prepare(host: Host, config: Config, snap, kernel: str) -> dict:  # snap: model.World or None
+def prepare(host: Host, config: Config, snap, kernel: str, driver_version: str | None = None) -> dict:
     """What ``install`` needs for ``kernel`` before its first step, from the operation's one observation (``snap``:
     the Secure Boot section) and the readings of its preflight: {"kernel", "secure_boot", "state"
     (world/refresh.kernel), "preflight" (act/build's preflight answer, or its named refusal, raised by the engine
     where it always was), "tree" (act/render.plan_tree: our DKMS tree for that driver), "settings" (the build
-    record's settings, decide/policy.build_settings)}."""
+    record's settings, decide/policy.build_settings)}. ``snap``: a model.World (None: Secure Boot is read here);
+    ``driver_version``: the driver a build is asked for (the preflight refuses another)."""
     from spark_memsaver.act import build, render
     from spark_memsaver.decide import policy
     from spark_memsaver.world import refresh
@@ -140,11 +141,14 @@ def prepare(host: Host, config: Config, snap, kernel: str) -> dict:  # snap: mod
     out = {"kernel": kernel, "secure_boot": sb, "state": refresh.kernel(host, kernel),
            "settings": policy.build_settings(config), "tree": None}
     try:
-        out["preflight"] = build._preflight(host, config, kernel, None)
+        out["preflight"] = build._preflight(host, config, kernel, driver_version)
     except errors.MemsaverError as e:
         out["preflight"] = e
         return out
-    out["tree"] = render.plan_tree(config, out["preflight"]["driver"], out["preflight"]["source"])
+    try:
+        out["tree"] = render.plan_tree(config, out["preflight"]["driver"], out["preflight"]["source"])
+    except errors.MemsaverError as e:      # our data directory is missing: raised where the tree is rendered
+        out["tree"] = e
     return out
 
 

@@ -105,10 +105,10 @@ def source_trees(host: Host, snap) -> dict:
     return support.source_trees(host, snap)
 
 
-def record_stock(host: Host, kernel: str) -> str | None:
+def record_stock(host: Host, kernel: str, state: dict | None = None) -> str | None:
     """The stock record before a build-install: act/override.record_stock, its one writer (which never records a
-    packing module of any tag as stock). The stock file it names, or None."""
-    rec = engine_override().record_stock(host, kernel)
+    packing module of any tag as stock). The stock file it names, or None. ``state``: world/refresh.kernel."""
+    rec = engine_override().record_stock(host, kernel, state)
     return rec.get("stock_path") if rec else None
 
 
@@ -138,10 +138,15 @@ def _failed(host, config, step, progress, problems, op, e: MemsaverError, code: 
     return {"ok": False, "error": e.to_dict(), "rollback": _public(rec)}
 
 
-def do_build_install(host, config, step: rc.Step, progress, problems: list) -> dict:
+def do_build_install(host, config, step: rc.Step, progress, problems: list, snap=None) -> dict:
+    """Build, then install, for ``step.kernel``: both engines take what was prepared before the first step
+    (act/installable.prepare over ``snap``, the plan's world); DKMS's tree is read again after the build."""
+    from spark_memsaver.act import installable
+    from spark_memsaver.world import refresh
     k = step.kernel
+    prep = installable.prepare(host, config, snap, k, driver_version=step.driver_to)
     try:
-        record_stock(host, k)
+        record_stock(host, k, prep["state"])
     except OSError as e:
         raise rio.RecordWriteFailed(f"cannot write the stock record for {k}: {e.strerror or e}; nothing was "
                                     "changed")
@@ -150,7 +155,7 @@ def do_build_install(host, config, step: rc.Step, progress, problems: list) -> d
             say(progress, f"{k}: building our nvidia-uvm for driver {step.driver_to}")
             # a configuration change (tier, policy) must rebuild even when DKMS holds a build of this version
             engine_build().build(host, config, kernel=k, driver_version=step.driver_to, progress=fwd(progress),
-                                 force=step.code == "config-changed")
+                                 force=step.code == "config-changed", prep=prep)
     except rio.RecordWriteFailed:
         raise
     except MemsaverError as e:
@@ -159,7 +164,8 @@ def do_build_install(host, config, step: rc.Step, progress, problems: list) -> d
     try:
         with rio.safe_intent(host, "install", k, removal=False, problems=problems, driver_version=step.driver_to):
             say(progress, f"{k}: installing our nvidia-uvm for driver {step.driver_to}")
-            engine_override().install(host, config, kernel=k, progress=fwd(progress))
+            prep = dict(prep, state=refresh.kernel(host, k))       # the build step changed DKMS's tree
+            engine_override().install(host, config, kernel=k, progress=fwd(progress), kernels=[k], preps=[prep])
             ok, info, nv = ours_matches(host, k)
             if not ok:
                 raise StepFailed(f"kernel {k}: after install the selected nvidia-uvm is "
@@ -168,7 +174,7 @@ def do_build_install(host, config, step: rc.Step, progress, problems: list) -> d
         raise
     except MemsaverError as e:
         return _failed(host, config, step, progress, problems, "install", e, "install-failed")
-    return installed(host, config, k, info, problems, progress)
+    return installed(host, config, k, info, problems, progress, settings=prep["settings"])
 
 
 def installed(host, config, k: str, info: dict, problems: list, progress=None, settings: dict | None = None) -> dict:
@@ -208,7 +214,7 @@ def reload_uvm(host: Host, progress) -> dict:
 # --- one handler per acting step (decide/step.ACTING); fetch-source is run by execute(), which also holds back the
 # builds waiting for it. Each handler returns the entry's fields ("result", and "ok" where the step can fail softly).
 
-def _drop_record(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _drop_record(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     """The one quarantine (host/records.py): the record is renamed aside, never deleted."""
     from spark_memsaver.host import records
     res = records.quarantine(host, s.path, s.code or "record", s.reason)
@@ -222,12 +228,12 @@ def _drop_record(host, config, s: rc.Step, progress, problems: list) -> dict:
     return {"result": res}
 
 
-def _clear_intent(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _clear_intent(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     rio.clear_intent(host, s.intent, problems)
     return {}
 
 
-def _undo_or_finish_intent(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _undo_or_finish_intent(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     res = remove(host, config, s.kernel, progress) if s.kernel else {}
     if s.kernel and s.action == "finish-intent" and still_ours(host, s.kernel):
         raise StepFailed(f"kernel {s.kernel}: our nvidia-uvm is still selected")
@@ -238,28 +244,28 @@ def _undo_or_finish_intent(host, config, s: rc.Step, progress, problems: list) -
     return {"result": res if isinstance(res, dict) else {}}
 
 
-def _remove_override(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _remove_override(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     return {"result": do_remove(host, config, s, progress, problems)}
 
 
-def _record_rollback(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _record_rollback(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     rio.write_rollback(host, s.kernel, s.reason, problems, remedy=s.remedy, code=s.code or "stock-selected",
                        driver_from=s.driver_from, driver_to=s.driver_to)
     say(progress, f"{s.kernel}: rolled back to stock: {s.reason}")
     return {}
 
 
-def _clear_rollback(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _clear_rollback(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     intents.clear_rollback(host, s.kernel)
     return {}
 
 
-def _build_install(host, config, s: rc.Step, progress, problems: list) -> dict:
-    res = do_build_install(host, config, s, progress, problems)
+def _build_install(host, config, s: rc.Step, progress, problems: list, snap=None, **_) -> dict:
+    res = do_build_install(host, config, s, progress, problems, snap)
     return {"result": res, "ok": res.get("ok", False)}
 
 
-def _reload_uvm(host, config, s: rc.Step, progress, problems: list) -> dict:
+def _reload_uvm(host, config, s: rc.Step, progress, problems: list, **_) -> dict:
     res = reload_uvm(host, progress)
     if s.intent:
         rio.clear_intent(host, s.intent, problems)
@@ -303,7 +309,7 @@ def execute(host: Host, config: Config, steps: list[rc.Step], snap=None, progres
             else:
                 handler = HANDLERS.get(s.action)
                 if handler is not None:          # an explaining step (decide/step.INFO) does nothing
-                    entry.update(handler(host, config, s, progress, problems))
+                    entry.update(handler(host, config, s, progress, problems, snap=snap))
             entry.setdefault("ok", True)
         except MemsaverError as e:
             entry["ok"] = False
