@@ -127,3 +127,54 @@ def test_reconcile_returns_to_a_lower_layer_at_most_five_times(node):
     _report("reconcile", mid, whole)
     assert sum(whole.values()) == 1, whole
     assert len(mid) <= LIMIT, "\n".join(f"{n:3d} {s}" for s, n in sorted(mid.items()))
+
+
+# --- the reads that stay: the version match is read fresh after the step, never taken from the preparation ----
+
+NEW = "580.999.01"      # a driver package replaced nvidia.ko (plain dpkg -i, no APT door) while the install ran
+
+
+def _swap_nvidia(root, tmp) -> str:
+    """Shell lines that put a ``NEW`` nvidia.ko where the fixture's is, then the real depmod on the root."""
+    ko = installroot.nvidia_ko(tmp / "new" / "nvidia.ko", NEW)
+    return (f"cp {ko} {root}/lib/modules/{installroot.K}/kernel/nvidia-580-open/nvidia.ko && "
+            f"depmod -b {root} {installroot.K} 2>/dev/null\n")
+
+
+def test_the_verification_after_dkms_install_reads_the_nvidia_ko_of_now(node, tmp_path):
+    """The driver changes under ``dkms install`` (after the install was prepared): the engine's verification
+    compares ours with the nvidia.ko that is there NOW, refuses, and leaves the stock nvidia-uvm selected. Taken
+    from the preparation, it would have seen the stock selection instead (a refusal for another reason)."""
+    from spark_memsaver.errors import MemsaverError
+    from spark_memsaver.host import Host
+    from spark_memsaver.observe import modules
+    wrapper = tmp_path / "dkms"
+    wrapper.write_text(wrapper.read_text() + f'[ "$1" = install ] && {_swap_nvidia(node, tmp_path)}')
+    with pytest.raises(MemsaverError) as e:
+        trace("install", node, installroot.K)
+    assert e.value.code == "module-verification-failed" and f"is version {NEW}, not {installroot.DRIVER}" in str(e.value), \
+        (e.value.code, str(e.value))
+    assert modules.selection(Host(str(node)), installroot.K)["state"] == "stock"
+
+
+def test_the_executor_checks_the_version_match_fresh_before_it_records_ours(node, tmp_path, monkeypatch):
+    """The driver changes after the engine verified ours (here: while the initramfs is refreshed): the executor's
+    version-match check (act/steps.ours_matches through world/refresh) reads kmod again and refuses to record
+    ours as installed beside another driver's nvidia.ko. Taken from the engine's verification, it would pass."""
+    import subprocess
+    from spark_memsaver.act import override
+    from spark_memsaver.errors import MemsaverError
+    from spark_memsaver.host import Host, paths
+    swap = _swap_nvidia(node, tmp_path)
+    real = override.refresh_initramfs
+
+    def refresh_then_swap(host, kernel):
+        out = real(host, kernel)
+        subprocess.run(["sh", "-c", swap], check=True)
+        return out
+    monkeypatch.setattr(override, "refresh_initramfs", refresh_then_swap)
+    with pytest.raises(MemsaverError) as e:
+        trace("install", node, installroot.K)
+    assert e.value.code == "reconcile-step-failed" and str(e.value).endswith(f"not ours for {NEW}"), \
+        (e.value.code, str(e.value))
+    assert not Host(str(node)).path(f"{paths.BUILDS}/{installroot.K}.json").exists()     # nothing recorded

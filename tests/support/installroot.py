@@ -40,6 +40,14 @@ def _object(path: Path, fields: list[tuple[str, str]], extra: str) -> Path:
     return path
 
 
+def nvidia_ko(path: Path, version: str) -> Path:
+    """A stand-in nvidia.ko of ``version`` exporting the symbol our built module imports (same CRC)."""
+    return _object(path, [("version", version), ("license", "Dual MIT/GPL"), ("name", "nvidia"),
+                          ("srcversion", "0D6E5F4A3B2C1D0E9F8A7B6"),
+                          ("vermagic", f"{K} SMP preempt mod_unload modversions aarch64")],
+                   f'asm(".globl __crc_{SYMBOL}\\n.set __crc_{SYMBOL}, {CRC:#x}\\n");\n')
+
+
 def make(where: Path) -> tuple[Path, Path]:
     """(root, dkms wrapper): a stock node on which ``install --kernel K`` finds our build already made."""
     from spark_memsaver.act import render
@@ -53,10 +61,7 @@ def make(where: Path) -> tuple[Path, Path]:
     src = root / f"usr/src/nvidia-{DRIVER}"
     shutil.rmtree(src)
     shutil.copytree(nvsrc.nvidia_source(DRIVER), src, symlinks=True)
-    _object(root / f"lib/modules/{K}/kernel/nvidia-580-open/nvidia.ko",
-            [("version", DRIVER), ("license", "Dual MIT/GPL"), ("name", "nvidia"),
-             ("srcversion", "0D6E5F4A3B2C1D0E9F8A7B6"), ("vermagic", f"{K} SMP preempt mod_unload modversions aarch64")],
-            f'asm(".globl __crc_{SYMBOL}\\n.set __crc_{SYMBOL}, {CRC:#x}\\n");\n')
+    nvidia_ko(root / f"lib/modules/{K}/kernel/nvidia-580-open/nvidia.ko", DRIVER)
     subprocess.run(["depmod", "-b", str(root), K], check=True, capture_output=True)
     ver = render.render(Host(root), Config(), DRIVER, f"/usr/src/nvidia-{DRIVER}")["version"]
     (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
