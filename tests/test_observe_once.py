@@ -129,6 +129,16 @@ def test_reconcile_returns_to_a_lower_layer_at_most_five_times(node):
     assert len(mid) <= LIMIT, "\n".join(f"{n:3d} {s}" for s, n in sorted(mid.items()))
 
 
+def test_build_returns_to_a_lower_layer_at_most_five_times(node):
+    """``build --kernel K`` (our build already made: verified, reused): refused or not from recovery's world, its
+    engine takes the preparation (20 call sites and two whole-world reads on main)."""
+    doc, mid, whole = trace("build", node, installroot.K)
+    assert doc["status"] == "already-built" and doc["verification"]["ok"], doc
+    _report("build", mid, whole)
+    assert sum(whole.values()) == 1, whole
+    assert len(mid) <= LIMIT, "\n".join(f"{n:3d} {s}" for s, n in sorted(mid.items()))
+
+
 # --- the reads that stay: the version match is read fresh after the step, never taken from the preparation ----
 
 NEW = "580.999.01"      # a driver package replaced nvidia.ko (plain dpkg -i, no APT door) while the install ran

@@ -79,20 +79,32 @@ def _target(host: Host, kernel: str | None) -> str:
     return dkms_run.running_kernel(host)
 
 
-def _build(host, config, progress, problems, kernel=None, driver_version=None, driver=None, force=False,
-           all_kernels=False):
-    dv = driver_version or driver
-    if all_kernels:     # --kernel K's build for each kernel the one installability decision lets get ours
+def _one_world(seen: dict, recovered: list) -> tuple | None:
+    """(snapshot, support) of recovery's observation while it is still the host's state (recovery acted on
+    nothing), else None: the operation decides from it instead of observing again."""
+    return (seen["snap"], seen["support"]) if seen.get("snap") is not None and not recovered else None
+
+
+def _build(host, config, progress, problems, args: dict, seen: dict, recovered: list):
+    """build: refused or fetched from the operation's one observation, prepared before its first step."""
+    if args.get("all_kernels"):     # --kernel K's build for each kernel the one installability decision allows
         cfgmod.refuse_invalid(config, "build")
-        decided, skipped = installable.targets(host, config, None, True, ignore=("secure-boot-unknown",))
+        decided, skipped = installable.targets(host, config, None, True, ignore=("secure-boot-unknown",),
+                                               facts=_one_world(seen, recovered))
         installable.fetch_missing(host, config, decided, progress=st.fwd(progress))
-        return {"built": [_build(host, config, progress, problems, kernel=d["kernel"], force=force)
-                          for d in decided], "skipped": skipped}
-    k = _target(host, kernel)
+        # each kernel as --kernel K decides it, from the host as the fetches and the earlier builds left it
+        each = [{"kernel": d["kernel"], "force": args.get("force")} for d in decided]
+        return {"built": [_build(host, config, progress, problems, a, {}, recovered) for a in each],
+                "skipped": skipped}
+    k = _target(host, args.get("kernel"))
     cfgmod.refuse_invalid(config, "build")
-    installable.require(host, config, k, progress=st.fwd(progress), ignore=("secure-boot-unknown",))
+    facts = _one_world(seen, recovered)
+    installable.require(host, config, k, progress=st.fwd(progress), ignore=("secure-boot-unknown",), facts=facts)
+    dv = args.get("driver_version") or args.get("driver")
+    prep = installable.prepare(host, config, facts[0] if facts else None, k, driver_version=dv)
     with rio.safe_intent(host, "build", k, removal=False, problems=problems, driver_version=dv):
-        return st.engine_build().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress), force=force)
+        return st.engine_build().build(host, config, kernel=k, driver_version=dv, progress=st.fwd(progress),
+                                       force=bool(args.get("force")), prep=prep)
 
 
 def _hold(host, by: str, kernel: str | None, reason: str, problems: list, progress) -> None:
@@ -111,7 +123,7 @@ def _install(host, config, progress, problems, args: dict, seen: dict, recovered
     kernel, all_kernels = args.get("kernel"), args.get("all_kernels", False)
     k = None if all_kernels else _target(host, kernel)
     cfgmod.refuse_invalid(config, "install")
-    facts = (seen["snap"], seen["support"]) if seen.get("snap") is not None and not recovered else None
+    facts = _one_world(seen, recovered)
     # refused with status's code and remedy (decide/installability.py), per kernel for --all as for --kernel
     decided, skipped = installable.targets(host, config, k, all_kernels, facts=facts)
     installable.fetch_missing(host, config, decided, progress=st.fwd(progress))   # a missing source, fetched
@@ -287,7 +299,7 @@ class _Op:
 
 # The ONE table of operations: its keys are opnames.EXECUTOR, in order (tests/test_executor.py).
 TABLE = {
-    "build": _Op(_plain(_build), dryrun=lambda: _dryrun().build),
+    "build": _Op(_build, dryrun=lambda: _dryrun().build),
     "install": _Op(_install, dryrun=lambda: _dryrun().install),
     "remove": _Op(_plain(_remove), dryrun=lambda: _dryrun().remove),
     "activate": _Op(_act_activate, early=_early_activate),

@@ -53,12 +53,13 @@ def refusal(decision: dict) -> errors.MemsaverError:
     return err
 
 
-def require(host: Host, config: Config, kernel: str, progress=None, ignore: tuple = (), fetch: bool = True) -> dict:
+def require(host: Host, config: Config, kernel: str, progress=None, ignore: tuple = (), fetch: bool = True,
+            facts: tuple | None = None) -> dict:
     """Refuse (named, with status's code and remedy) unless ``kernel`` can get our module now; fetch the
     driver's source first when that is what is missing and it can be fetched. Returns the decision.
     ``ignore``: codes that do not block this operation (``build`` signs but loads nothing: not the Secure
-    Boot state)."""
-    snap, support = observe(host, config)
+    Boot state). ``facts``: (snapshot, support) when the operation observed them already, else observed here."""
+    snap, support = facts or observe(host, config)
     d = installability(snap, config, support, kernel)
     d["missing"] = [m for m in d["missing"] if m["code"] not in ignore]
     if d["missing"]:
