@@ -38,7 +38,7 @@ def _lower(name: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in LOWER)
 
 
-def trace(op: str, root, kernel: str | None) -> tuple[dict, collections.Counter, collections.Counter]:
+def trace(op: str, root, kernel: str | None, **args) -> tuple[dict, collections.Counter, collections.Counter]:
     """(``op --kernel kernel``'s result, {call site: calls} after the first step began, {whole-world reads: calls})."""
     from spark_memsaver.act import executor
     from spark_memsaver.config import Config
@@ -64,7 +64,7 @@ def trace(op: str, root, kernel: str | None) -> tuple[dict, collections.Counter,
 
     sys.setprofile(profile)
     try:
-        doc = executor.perform(op, Host(str(root)), Config(), **({"kernel": kernel} if kernel else {}))
+        doc = executor.perform(op, Host(str(root)), Config(), **({"kernel": kernel} if kernel else {}), **args)
     finally:
         sys.setprofile(None)
     return doc, mid, whole
@@ -125,6 +125,17 @@ def test_reconcile_returns_to_a_lower_layer_at_most_five_times(node):
     doc, mid, whole = trace("reconcile", node, None)
     assert [(s["action"], s["ok"]) for s in doc["steps"]] == [("build-install", True)], doc["steps"]
     _report("reconcile", mid, whole)
+    assert sum(whole.values()) == 1, whole
+    assert len(mid) <= LIMIT, "\n".join(f"{n:3d} {s}" for s, n in sorted(mid.items()))
+
+
+def test_rollback_returns_to_a_lower_layer_at_most_five_times(node):
+    """``rollback --kernel K`` after the install: its targets from recovery's world (two whole-world reads on
+    main), each kernel's removal planned before its intent (20 call sites on main)."""
+    trace("install", node, installroot.K)
+    doc, mid, whole = trace("rollback", node, installroot.K, reason="test")
+    assert doc["kernels"] == [{"kernel": installroot.K, "ok": True}], doc
+    _report("rollback", mid, whole)
     assert sum(whole.values()) == 1, whole
     assert len(mid) <= LIMIT, "\n".join(f"{n:3d} {s}" for s, n in sorted(mid.items()))
 

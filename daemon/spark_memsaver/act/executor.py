@@ -262,7 +262,8 @@ def _early_apt(host, config, progress, problems, args: dict):
 def _act_rollback(host, config, progress, problems, args: dict, seen: dict, recovered: list):
     from spark_memsaver.act import rollback as act_rollback
     _hold(host, "rollback", args.get("kernel"), args.get("reason") or "requested", problems, progress)
-    return act_rollback.rollback(host, config, progress=progress, problems=problems, **args)
+    one = _one_world(seen, recovered)          # recovery's world, still the host's state: observed once
+    return act_rollback.rollback(host, config, progress=progress, problems=problems, snap=one and one[0], **args)
 
 
 def _act_activate(host, config, progress, problems, args: dict, seen: dict, recovered: list):

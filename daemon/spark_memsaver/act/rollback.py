@@ -42,21 +42,26 @@ def reloads(snap, targets: list) -> bool:
 
 def rollback(host: Host, config: Config, reason: str = "requested by the administrator", progress=None, *,
              kernel: str | None = None, code: str = "requested", remedy: str = "",
-             problems: list | None = None) -> dict:
+             problems: list | None = None, snap=None) -> dict:
+    """Take ours away from ``kernel`` (None: every kernel that has it), each under its intent, and record why.
+    ``snap``: the operation's world when it is still the host's state (else observed here); each kernel's removal
+    is planned before its first step (act/removal.remove_prepare)."""
     problems = [] if problems is None else problems
-    snap = world.snapshot(host, config)
+    snap = snap if snap is not None else world.snapshot(host, config)
     if kernel is not None and snap.kernel(kernel) is None:
         raise unknown_kernel(kernel)
     targets = _targets(snap, kernel)
+    reload_after = reloads(snap, targets)      # decided from the same world, before anything changes
     done = []
     for k in targets:
         rel = k.release
         frm = rc.base_version(k.uvm_selected.version) if k.uvm_selected else None
         to = rc.base_version(k.nvidia_selected.version) if k.nvidia_selected else None
         try:
+            prep = st.engine_override().remove_prepare(host, rel, False)
             with rio.safe_intent(host, "rollback", rel, removal=True, problems=problems, reason=reason, code=code,
                                  remedy=remedy, driver_from=frm, driver_to=to):
-                st.remove(host, config, rel, progress)
+                st.remove(host, config, rel, progress, prep)
                 if st.still_ours(host, rel):
                     raise st.StepFailed(f"kernel {rel}: our nvidia-uvm is still selected after removal")
                 rio.write_rollback(host, rel, reason, problems, remedy=remedy, code=code, driver_from=frm,
@@ -65,7 +70,7 @@ def rollback(host: Host, config: Config, reason: str = "requested by the adminis
         except MemsaverError as e:
             done.append({"kernel": rel, "ok": False, "error": e.to_dict()})
     reload = None
-    if reloads(snap, targets):         # the step its dry run plans (act/dryrun.py); reload_uvm itself skips it,
+    if reload_after:                   # the step its dry run plans (act/dryrun.py); reload_uvm itself skips it,
         reload = st.reload_uvm(host, progress)      # and says so, under a root prefix
     return {"ok": all(d["ok"] for d in done), "kernels": done, "reason": reason, "reload": reload,
             "nothing_to_do": not targets}
