@@ -50,7 +50,7 @@ def _remove_steps(host: Host, config: Config, kernel: str | None, all_kernels: b
     prep = override.remove_prepare(host, k, all_kernels)       # what the run prepares before its first step
     for kk in prep["kernels"]:
         steps += prep["plans"][kk]
-    if prep["reload"]:
+    if override.reloads_after(host, prep["kernels"]):
         steps.append(_step("reload-uvm", None, "load the stock nvidia-uvm when /dev/nvidia-uvm is unused "
                                                "(in use: at next boot)"))
     return steps

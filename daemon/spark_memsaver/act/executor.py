@@ -147,7 +147,7 @@ def _remove(host, config, progress, problems, kernel=None, all_kernels=False):
     k = None if all_kernels else _target(host, kernel)
     _hold(host, "remove", k, "requested", problems, progress)
     prep = st.engine_override().remove_prepare(host, k, all_kernels)     # read before the first step
-    reload = prep["reload"]
+    reload = st.engine_override().reloads_after(host, prep["kernels"])
     with rio.safe_intent(host, "remove", k, removal=True, problems=problems, reason="requested"):
         doc = st.remove(host, config, k, progress, prep)
         for r in doc.get("restored", []):

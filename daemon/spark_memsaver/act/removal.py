@@ -92,7 +92,8 @@ def remove_plan(host: Host, kernel: str, have_dkms: bool = True) -> list[dict]:
 def remove_prepare(host: Host, kernel: str | None, all_kernels: bool, have_dkms: bool | None = None) -> dict:
     """What ``remove`` does, read before its first step (the executor's, the reconcile step's and the dry run's):
     {"have_dkms", "registered", "kernels" (remove_targets), "plans" {kernel: remove_plan}, "built" {(version,
-    kernel): DKMS's built module}, "reload" (reloads_after)}."""
+    kernel): DKMS's built module}}. Whether ours is reloaded after is the caller's (:func:`reloads_after`: remove
+    and its dry run ask; the reconcile and APT doors' removals never do, and never fail on it)."""
     from spark_memsaver.world import refresh
     if have_dkms is None:            # toward stock never waits for dkms: our files go, the stock one is restored
         have_dkms = dkms_present(host)
@@ -102,4 +103,4 @@ def remove_prepare(host: Host, kernel: str | None, all_kernels: bool, have_dkms:
     built = {(s["version"], k): built_module(host, s["version"], k) for k, p in plans.items() for s in p
              if s["action"] == "uninstall"}
     return {"have_dkms": have_dkms, "registered": tree["registered"], "kernels": kernels, "plans": plans,
-            "built": built, "reload": reloads_after(host, kernels)}
+            "built": built}
