@@ -39,13 +39,14 @@ from spark_memsaver import exitcodes, remedy as rm
 from spark_memsaver.decide import plan as rc
 from spark_memsaver.decide.packing import running_tier, tier_of
 from spark_memsaver.report.summary import next_step
-from tests.support import needs, statespace as ss
+from tests.support import needs, standins, statespace as ss
 from tests.support.cliparse import parse, split
 from tests.support.inproc import cli
 
 N = int(os.environ.get("SPARK_MEMSAVER_STATE_SPACE", "500"))
 SEED = int(os.environ.get("SPARK_MEMSAVER_STATE_SEED", "34"))
 FOLLOW = int(os.environ.get("SPARK_MEMSAVER_STATE_FOLLOW", "10"))                # every FOLLOW-th state is followed for real (c, e)
+PER_KIND = int(os.environ.get("SPARK_MEMSAVER_STATE_PER_KIND", "6"))  # and the first PER_KIND states of each kind of Next
 MAX_STEPS = 6
 REPO = Path(__file__).resolve().parent.parent
 FIRST_STEP = {"install": ("release-hold", "fetch-source", "build"), "build": ("fetch-source", "build"),
@@ -128,10 +129,13 @@ def check_agree(root: str) -> tuple[dict, list[str]]:
     return doc, p
 
 
-def next_command(doc: dict) -> str | None:
-    """The first command Next asks for (before any '&&': the first step), or None."""
+def next_command(doc: dict, chain: bool = False):
+    """The first command Next asks for (before any '&&': the first step), or None; ``chain``: every command of
+    that first step's '&&' chain."""
     nxt = next_step(doc)
     cmds = rm.commands_in(nxt or "")
+    if chain:
+        return cmds[0].split(" && ") if cmds else []
     return cmds[0].split(" && ")[0] if cmds else None
 
 
@@ -248,58 +252,109 @@ def recorded_remove(done: dict) -> list[tuple[str, str]]:
         ([("reload-uvm", None)] if done.get("reload") else [])
 
 
-def follow(root: str, env: dict) -> tuple[str, list[str]]:
-    """c and e: run Next for real until nothing is left, a person's step, or a step this machine cannot take."""
-    p, seen = [], []
+def next_kind(doc: dict) -> str:
+    """What Next asks for, by kind: a spark-memsaver command's path, a person's step, or nothing."""
+    nxt = next_step(doc)
+    if nxt is None:
+        return "nothing to do"
+    cmd = next_command(doc)
+    _, argv = split(cmd or "")
+    if argv[:1] != ["spark-memsaver"] or nxt.startswith(("Stop ", "Reboot ")):
+        return "a person"               # the command it names is for afterwards, or another way
+    return parse(cmd)[0]
+
+
+def _running(doc: dict) -> str | None:
+    return next((k["release"] for k in doc["kernels"] if k.get("running")), None)
+
+
+def _der(root: str, cert: dict) -> bytes:
+    """The certificate `mok enroll` hands mokutil (DER; a PEM file converted as enroll does)."""
+    data = Path(root, (cert.get("path") or "").lstrip("/")).read_bytes()
+    if data.lstrip().startswith(b"-----BEGIN"):
+        data = subprocess.run(["openssl", "x509", "-outform", "DER"], input=data, capture_output=True,
+                              check=True).stdout
+    return data
+
+
+def run_next(root: str, cmd: str, doc: dict, tier: str, ran: list) -> tuple[str | None, list[str]]:
+    """One command of Next, run for real (the stand-ins where the node's own program is needed); (why following
+    stops here or None, problems)."""
+    p: list[str] = []
+    _, argv = split(cmd)
+    path = parse(cmd)[0]
+    if path == "mok enroll":
+        # mok enroll refuses --root (it writes the running machine's firmware): its dry run names the
+        # certificate, and mokutil --import's effect on the firmware variables is made here (standins)
+        code, plan, err = dry_run(root, cmd)
+        if code != 0 or not plan or "error" in plan:
+            return "failed", p + [f"{cmd!r}: its dry run refuses (exit {code}): {(plan or {}).get('error')}"]
+        standins.mokutil_import(Path(root), _der(root, plan["certificate"]))
+        ran.append(path)
+        return None, p
+    if path not in ("install", "build", "remove", "rollback", "reconcile", "activate"):
+        return f"{path} (a person or a GPU)", p
+    _, plan, _ = dry_run(root, cmd)
+    code, out, err = cli("--root", root, *argv[1:], "--json")
+    ran.append(path)
+    if code != 0:
+        return "failed", p + [f"{cmd!r} failed for real (exit {code}): {out[:400]} {err[:400]}"]
+    done = json.loads(out)
+    if path == "activate":
+        # under --root activate plans modprobe (it loads on the running kernel only): the stand-in loads
+        loaded = standins.modprobe_reload(Path(root), _running(doc), tier) if done.get("would_run") else {}
+        if done.get("would_run") and loaded.get("srcversion") != done.get("expect_srcversion"):
+            p.append(f"activate expects srcversion {done.get('expect_srcversion')}, the guard loaded "
+                     f"{loaded.get('filename')} ({loaded.get('srcversion')})")
+        return None, p
+    first = [s["action"] for s in plan["steps"][:plan.get("recovery", 0)]]
+    if first != [r["action"] for r in done.get("recovered", [])]:
+        p.append(f"{path}: planned to recover {first}, recovered {done.get('recovered')}")
+    if first:
+        plan["steps"] = []          # its own steps were planned before recovery changed the node: not compared
+    elif path == "remove":
+        want = [(s["action"], s["kernel"]) for s in plan["steps"] if s["action"] != "hold"]
+        if recorded_remove(done) != want:
+            p.append(f"remove: planned {want}, recorded {recorded_remove(done)}")
+    elif path == "rollback":
+        want = sorted(s["kernel"] for s in plan["steps"] if s["action"] == "remove")
+        if want != sorted(k["kernel"] for k in done["kernels"]) or \
+                any(s["action"] == "reload-uvm" for s in plan["steps"]) != (done.get("reload") is not None):
+            p.append(f"rollback: planned {plan['steps']}, did {done}")
+    reloads = [done.get("reload")] + [s.get("result") for s in done.get("steps") or []
+                                      if isinstance(s, dict) and s.get("action") == "reload-uvm"]
+    if any((r or {}).get("skipped") == "not the running system" for r in reloads):
+        standins.modprobe_reload(Path(root), _running(doc), tier)     # modprobe acts on the running node only
+        ran.append("reload")
+    return None, p
+
+
+def follow(root: str, tier: str) -> tuple[str, list[str], list[str]]:
+    """c and e: run Next for real until nothing is left or a person's step (the console, a reboot, stopping the
+    CUDA work, apt, a GPU for validate), on this root with the stand-ins (tests/support/standins.py: the compile
+    in dkms build, modprobe's reload through the guard, mokutil --import). Returns (how it ended, problems, the
+    kinds of Next it ran)."""
+    p, seen, ran = [], [], []
     for _ in range(MAX_STEPS + 1):
         code, out, err = cli("--root", root, "status", "--json")
         doc = json.loads(out)
-        nxt = next_step(doc)
+        nxt, kind = next_step(doc), next_kind(doc)
         fp = (doc["state"], sorted(f["code"] for f in doc["findings"]), nxt)
         if nxt is None:
-            return "nothing to do", p
+            return "nothing to do", p, ran
         if fp in seen:
-            return "loop", p + [f"following Next loops: {fp}"]
+            return "loop", p + [f"following Next loops: {fp} (after {ran})"], ran
         seen.append(fp)
         if len(seen) > MAX_STEPS:
-            return "too long", p + [f"Next not done within {MAX_STEPS} steps: {seen}"]
-        cmd = next_command(doc)
-        _, argv = split(cmd or "")
-        if argv[:1] != ["spark-memsaver"] or nxt.startswith("Stop "):
-            return "person or system step", p           # a person stops the CUDA work first
-        path, _ = parse(cmd)
-        if path in ("install", "build") or path.startswith("mok") or path == "activate":
-            return {"activate": "activate (the live node)"}.get(path, f"{path} (a compile or the console)"), p
-        if path == "reconcile":
-            _, plan, _ = dry_run(root, cmd)
-            if any(s["action"] in ("build-install", "fetch-source") for s in plan["steps"]):
-                return "reconcile builds (a compile)", p
-        if path not in ("remove", "rollback", "reconcile"):
-            return f"{path} (not followed)", p
-        _, plan, _ = dry_run(root, cmd)
-        code, out, err = cli("--root", root, *argv[1:], "--json")
-        if code != 0:
-            return "failed", p + [f"{cmd!r} failed for real (exit {code}): {out[:400]} {err[:400]}"]
-        done = json.loads(out)
-        first = [s["action"] for s in plan["steps"][:plan.get("recovery", 0)]]
-        if first != [r["action"] for r in done.get("recovered", [])]:
-            p.append(f"{path}: planned to recover {first}, recovered {done.get('recovered')}")
-        if first:
-            plan["steps"] = []          # its own steps were planned before recovery changed the node: not compared
-        elif path == "remove":
-            want = [(s["action"], s["kernel"]) for s in plan["steps"] if s["action"] != "hold"]
-            if recorded_remove(done) != want:
-                p.append(f"remove: planned {want}, recorded {recorded_remove(done)}")
-        elif path == "rollback":
-            want = sorted(s["kernel"] for s in plan["steps"] if s["action"] == "remove")
-            if want != sorted(k["kernel"] for k in done["kernels"]) or \
-                    any(s["action"] == "reload-uvm" for s in plan["steps"]) != (done.get("reload") is not None):
-                p.append(f"rollback: planned {plan['steps']}, did {done}")
-        reloads = [done.get("reload")] + [s.get("result") for s in done.get("steps") or []
-                                          if isinstance(s, dict) and s.get("action") == "reload-uvm"]
-        if any((r or {}).get("skipped") == "not the running system" for r in reloads):
-            return "reload nvidia-uvm (the live node)", p     # modprobe acts on the running node only
-    return "too long", p
+            return "too long", p + [f"Next not done within {MAX_STEPS} steps: {seen}"], ran
+        if kind == "a person":
+            return "a person's step", p, ran
+        for cmd in next_command(doc, chain=True):      # "A && B": a person runs both
+            end, q = run_next(root, cmd, doc, tier, ran)
+            p += q
+            if end:
+                return end, p, ran
+    return "too long", p, ran
 
 
 def _as_nobody(*args) -> subprocess.CompletedProcess:
@@ -319,8 +374,8 @@ def test_state_space(tmp_path, monkeypatch):
     rng = random.Random(SEED)
     bases = ss.make_bases(tmp_path / "bases")
     states = ss.sample(rng, N)
-    wrapper = tmp_path / "dkms"
-    failures, checks, ends = [], 0, {}
+    prebuilt = standins.prebuild(tmp_path / "prebuilt", (ss.DRIVER, ss.OLD), (ss.K, ss.K2))
+    failures, checks, ends, kinds, started = [], 0, {}, {}, {}
     for i, st in enumerate(states):
         root = str(ss.build(st, bases, tmp_path / f"s{i}"))
         with observed_once():
@@ -329,14 +384,16 @@ def test_state_space(tmp_path, monkeypatch):
             if doc:
                 p += check_next(root, doc) + check_all(root, doc)
                 checks += 2
-        if doc and i % FOLLOW == 0:
-            # the real dkms, on this root's tree, for the arm64 node it stands for (tests/test_dkms_restore_newer.py)
-            wrapper.write_text(f'#!/bin/sh\nexec dkms "$@" -a aarch64 --dkmstree {root}/var/lib/dkms --sourcetree '
-                               f'{root}/usr/src --installtree {root}/lib/modules\n')
-            wrapper.chmod(0o755)
-            monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(wrapper))
-            end, q = follow(root, {})
+        kind = next_kind(doc) if doc else None
+        if doc and (i % FOLLOW == 0 or started.get(kind, 0) < PER_KIND):
+            # the real dkms on this root's tree for the arm64 node it stands for, its compile stood in for
+            monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(standins.dkms_wrapper(tmp_path / f"dkms{i}", Path(root),
+                                                                                prebuilt)))
+            end, q, ran = follow(root, "256" if st["config"] == "tier-256" else "leaf")
+            started[kind] = started.get(kind, 0) + 1
             ends[end] = ends.get(end, 0) + 1
+            for k in ran:
+                kinds[k] = kinds.get(k, 0) + 1
             p += q
             checks += 2
         failures += [(ss.size(st), i, st, x) for x in p]
@@ -345,7 +402,9 @@ def test_state_space(tmp_path, monkeypatch):
         checks += 1
         if r.returncode != 1 or "error[not-permitted]" not in r.stderr:
             failures.append((0, -1, None, f"{' '.join(args)} without root: exit {r.returncode}: {r.stderr[-300:]}"))
-    print(f"\nstate-space: {len(states)} states, {checks} checks (seed {SEED}; followed: {ends})")
+    print(f"\nstate-space: {len(states)} states, {checks} checks (seed {SEED}; followed {sum(started.values())}: "
+          f"{dict(sorted(ends.items()))})\nstate-space follow: first Next {dict(sorted(started.items()))}; ran "
+          f"{dict(sorted(kinds.items()))}")
     if failures:
         failures.sort(key=lambda x: (x[0], x[1]))
         size_, i, st, _ = failures[0]

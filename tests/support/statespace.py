@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.support import sparkroot
+from tests.support import sparkroot, standins
 
 PACKAGE = "spark-memsaver-uvm"
 ARCH = "aarch64"
@@ -99,6 +99,25 @@ def sample(rng, n: int) -> list[dict]:
     return out
 
 
+# What a build's preflight reads of NVIDIA's source tree (world/tree._REQUIRED, the hooked files it hashes, the
+# files the patch applies to), byte for byte from NVIDIA's own 580.142 tree; common/inc is only looked for.
+SOURCE_FILES = ("Kbuild", "Makefile", "conftest.sh", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h",
+                "nvidia-uvm/nvidia-uvm-sources.Kbuild", "nvidia-uvm/nvidia-uvm.Kbuild", "nvidia-uvm/uvm.c",
+                "nvidia/nvidia.Kbuild")
+
+
+def real_source(root: Path) -> None:
+    """/usr/src/nvidia-<DRIVER> as nvidia-kernel-source-580-open installs it, the parts a build's preflight reads
+    (the real tree, tests/support/nvsrc.py): a build on the node passes its checks as on a Spark."""
+    from tests.support import nvsrc
+    tree, dest = nvsrc.nvidia_source(DRIVER), root / f"usr/src/nvidia-{DRIVER}"
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel in SOURCE_FILES:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tree / rel, dest / rel)
+    (dest / "common/inc").mkdir(parents=True)
+
+
 def make_bases(where: Path) -> dict[str, Path]:
     """One real fixture root per base (gcc-built modules, real depmod), copied for each state."""
     out = {}
@@ -106,6 +125,8 @@ def make_bases(where: Path) -> dict[str, Path]:
     for name, kw in BASES.items():       # ours signed with DKMS's key pair, as DKMS signs it
         out[name] = sparkroot.make_spark_root(where / name, uvm_loaded=None, loaded_driver=None, secure_boot=None,
                                               signing=(key, crt), **kw)
+        real_source(out[name])
+        standins.exporting_nvidia(out[name], (K,) + kw.get("extra_kernels", ()))
     out["_mok_pub"] = crt
     # a new pair (the blocked key replaced, mok-blocked's remedy): ours on disk is still signed with the old one
     out["_new_pub"] = sparkroot.make_signing_key(where / "new-keys", "spark-memsaver-signing")[1]
@@ -158,8 +179,10 @@ def build(state: dict, bases: dict, dest: Path) -> Path:
         efi = f"/sys/firmware/efi/efivars/%s-{sparkroot.EFI_GLOBAL}"
         _w(dest, efi % "SecureBoot", b"\x06\x00\x00\x00" + (b"\x01" if sb.startswith("on") else b"\x00"))
         _w(dest, efi % "SetupMode", b"\x06\x00\x00\x00\x00")
-        if sb in ("on-key", "on-newkey"):
-            _w(dest, "/var/lib/dkms/mok.pub", bases["_mok_pub" if sb == "on-key" else "_new_pub"].read_bytes())
+        if sb in ("on-key", "on-newkey"):       # DKMS's pair (a build signs with it: the key beside it, 0600)
+            crt = bases["_mok_pub" if sb == "on-key" else "_new_pub"]
+            _w(dest, "/var/lib/dkms/mok.pub", crt.read_bytes())
+            sparkroot.write(dest, "/var/lib/dkms/mok.key", (crt.parent / "signing.key").read_bytes(), 0o600)
     hold = state["hold"]
     if hold in ("kernel", "all"):
         holds.hold(host, "rollback" if hold == "kernel" else "remove", K if hold == "kernel" else None, "requested")
