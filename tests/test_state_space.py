@@ -9,18 +9,23 @@ each state, with the real CLI called in this process (tests/support/inproc.py):
   b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for; a
      Next that enrolls a key names the key ours (installed for the running kernel) is signed with;
   d. install/build/remove --all plan (or refuse) exactly what --kernel K does for each kernel K;
-then, for a seeded subset (every FOLLOW-th state: a real run costs real dkms, depmod and records):
-  c. following Next for real on the state's own copy changes the state or its findings, and reaches "nothing to
-     do" or a step for a person or one this machine cannot take (a compile of nvidia-uvm, activate on the live
-     node, the console, apt) within 6 steps;
+then, for a subset (every FOLLOW-th state, and the first PER_KIND states of each kind of Next: a real run costs
+real dkms, depmod and records):
+  c. following Next for real on the state's own copy (every command of its '&&' chain) changes the state or its
+     findings, and reaches "nothing to do" or a step for a person (the console, a reboot, stopping the CUDA work,
+     apt, a GPU for validate) within 6 steps; install, build, reconcile's builds, activate, reloads and
+     `mok enroll` are followed through the stand-ins of tests/support/standins.py (the compile in `dkms build`,
+     modprobe through the guard's rule, mokutil --import's firmware variables);
   e. each remove/rollback it runs records the steps its dry run planned;
 and once (it does not depend on the node): f. every mutating command run by a user without root on the live
 system refuses with not-permitted (exit 1), never an internal error.
 
 For a read-only check the observation is made once per state (world.facts memoised while the state's read-only
 commands run: each CLI path renders the same reading, as each would on a node that does not change between
-them). SPARK_MEMSAVER_STATE_SPACE=N runs N states (default 500), SPARK_MEMSAVER_STATE_SEED the seed. A failure
-names the seed and the smallest failing state. With -s it prints `state-space: N states, M checks`."""
+them). SPARK_MEMSAVER_STATE_SPACE=N runs N states (default 500), SPARK_MEMSAVER_STATE_SEED the seed,
+SPARK_MEMSAVER_STATE_FOLLOW / _PER_KIND the followed subset. A failure names the seed and the smallest failing
+state. With -s it prints `state-space: N states, M checks` and a second line: how many followed states began with
+each kind of Next, and how often each command was run while following."""
 
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ from tests.support.inproc import cli
 
 N = int(os.environ.get("SPARK_MEMSAVER_STATE_SPACE", "500"))
 SEED = int(os.environ.get("SPARK_MEMSAVER_STATE_SEED", "34"))
-FOLLOW = int(os.environ.get("SPARK_MEMSAVER_STATE_FOLLOW", "10"))                # every FOLLOW-th state is followed for real (c, e)
+FOLLOW = int(os.environ.get("SPARK_MEMSAVER_STATE_FOLLOW", "25"))                # every FOLLOW-th state is followed for real (c, e)
 PER_KIND = int(os.environ.get("SPARK_MEMSAVER_STATE_PER_KIND", "6"))  # and the first PER_KIND states of each kind of Next
 MAX_STEPS = 6
 REPO = Path(__file__).resolve().parent.parent
@@ -370,7 +375,7 @@ MUTATING = (("install",), ("install", "--all"), ("build",), ("build", "--all"), 
 
 
 def test_state_space(tmp_path, monkeypatch):
-    needs.require("gcc", "depmod", "openssl", "dkms")
+    needs.require("gcc", "depmod", "modinfo", "openssl", "dkms")
     rng = random.Random(SEED)
     bases = ss.make_bases(tmp_path / "bases")
     states = ss.sample(rng, N)
