@@ -150,7 +150,10 @@ def _config(root: Path, which: str) -> None:
 def build(state: dict, bases: dict, dest: Path) -> Path:
     """The node ``state`` as a fixture root at ``dest`` (a copy of its base, then each dimension applied)."""
     from spark_memsaver.host import Host, holds, intents
-    shutil.copytree(bases[state["base"]], dest, symlinks=True)
+    # NVIDIA's source tree is only read (a build renders our own tree beside it): linked, not copied
+    src = f"/usr/src/nvidia-{DRIVER}/"
+    shutil.copytree(bases[state["base"]], dest, symlinks=True,
+                    copy_function=lambda a, b: os.link(a, b) if src in a else shutil.copy2(a, b))
     host = Host(dest)
     ours_ver = OLD if state["base"] == "ours-old" else DRIVER
     if state["dkms"] != "none":
