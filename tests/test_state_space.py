@@ -9,8 +9,8 @@ each state, with the real CLI called in this process (tests/support/inproc.py):
   b. Next names a command whose --dry-run does not refuse and whose first planned step is what Next asks for; a
      Next that enrolls a key names the key ours (installed for the running kernel) is signed with;
   d. install/build/remove --all plan (or refuse) exactly what --kernel K does for each kernel K;
-then, for a subset (every FOLLOW-th state, and the first PER_KIND states of each kind of Next: a real run costs
-real dkms, depmod and records):
+then, for a subset (the first PER_KIND states of each kind of Next, and every FOLLOW-th state if set: a real run
+costs real dkms, depmod and records):
   c. following Next for real on the state's own copy (every command of its '&&' chain) changes the state or its
      findings, and reaches "nothing to do" or a step for a person (the console, a reboot, stopping the CUDA work,
      apt, a GPU for validate) within 6 steps; install, build, reconcile's builds, activate, reloads and
@@ -50,8 +50,9 @@ from tests.support.inproc import cli
 
 N = int(os.environ.get("SPARK_MEMSAVER_STATE_SPACE", "500"))
 SEED = int(os.environ.get("SPARK_MEMSAVER_STATE_SEED", "34"))
-FOLLOW = int(os.environ.get("SPARK_MEMSAVER_STATE_FOLLOW", "25"))                # every FOLLOW-th state is followed for real (c, e)
-PER_KIND = int(os.environ.get("SPARK_MEMSAVER_STATE_PER_KIND", "6"))  # and the first PER_KIND states of each kind of Next
+# followed for real (c, e): the first PER_KIND states of each kind of Next, and every FOLLOW-th state (0: none)
+FOLLOW = int(os.environ.get("SPARK_MEMSAVER_STATE_FOLLOW", "0"))
+PER_KIND = int(os.environ.get("SPARK_MEMSAVER_STATE_PER_KIND", "6"))
 MAX_STEPS = 6
 REPO = Path(__file__).resolve().parent.parent
 FIRST_STEP = {"install": ("release-hold", "fetch-source", "build"), "build": ("fetch-source", "build"),
@@ -390,7 +391,7 @@ def test_state_space(tmp_path, monkeypatch):
                 p += check_next(root, doc) + check_all(root, doc)
                 checks += 2
         kind = next_kind(doc) if doc else None
-        if doc and (i % FOLLOW == 0 or started.get(kind, 0) < PER_KIND):
+        if doc and ((FOLLOW and i % FOLLOW == 0) or started.get(kind, 0) < PER_KIND):
             # the real dkms on this root's tree for the arm64 node it stands for, its compile stood in for
             monkeypatch.setenv("SPARK_MEMSAVER_DKMS", str(standins.dkms_wrapper(tmp_path / f"dkms{i}", Path(root),
                                                                                 prebuilt)))
