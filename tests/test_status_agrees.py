@@ -234,3 +234,21 @@ def test_loaded_driver_mismatch_next_reloads_without_a_hold(tmp_path, bases):
     nxt = _next(busy)
     assert nxt.startswith("Stop the CUDA work using /dev/nvidia-uvm (vllm-worker[4242]), then run 'sudo "
                           "spark-memsaver reconcile'") and "rollback" not in nxt, nxt
+
+
+def test_a_damaged_source_tree_is_named_by_status_and_refused_alike_by_install(tmp_path):
+    """/usr/src/nvidia-580.142 with nvidia-uvm/uvm.c gone: status used to show no finding and say Next: install,
+    whose dry run planned a build, while the real install refused with driver-source-corrupt. Now status, the
+    dry run and the refusal apply the build's one completeness rule (world/tree.tree_problem)."""
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    _, text, _ = cli("--root", str(root), "status", "--json")
+    assert "driver-source-corrupt" not in [f["code"] for f in json.loads(text)["findings"]]
+    (root / f"usr/src/nvidia-{sparkroot.DRIVER}/nvidia-uvm/uvm.c").unlink()
+    _, text, _ = cli("--root", str(root), "status", "--json")
+    doc = json.loads(text)
+    found = {f["code"]: f for f in doc["findings"]}
+    assert "nvidia-uvm/uvm.c is missing or empty" in found["driver-source-corrupt"]["message"], sorted(found)
+    _, text, _ = cli("--root", str(root), "status")
+    assert first(text)["Next"] == found["driver-source-corrupt"]["remedy"], (first(text), found)
+    rc, out, err = cli("--root", str(root), "install", "--dry-run")
+    assert rc != 0 and "error[driver-source-corrupt]" in out + err and "nvidia-uvm/uvm.c" in out + err, (rc, out, err)

@@ -163,7 +163,8 @@ class DriverSource(Section):
     path: str = ""
     open: bool = True
     origin: str = ABSENT
-    _KINDS = {"version": _STR, "path": _STR, "open": _BOOL, "origin": _STR}
+    problem: str | None = None      # why it is not a complete tree to build from (world/tree.tree_problem), or None
+    _KINDS = {"version": _STR, "path": _STR, "open": _BOOL, "origin": _STR, "problem": _STR_N}
 
 
 class Driver(Section):

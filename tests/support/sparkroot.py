@@ -182,9 +182,16 @@ def make_spark_root(root: Path, *, loaded_driver: str | None = DRIVER, uvm_loade
                                                        "spark-memsaver fixture signing key")
                 sign_module(ko, key, crt)
         subprocess.run(["depmod", "-b", str(root), rel], check=True, capture_output=True)
-    # NVIDIA's open kernel source, as nvidia-kernel-source-580-open installs it.
-    write(root, f"/usr/src/nvidia-{DRIVER}/Kbuild", "# NVIDIA Kbuild\n")
-    write(root, f"/usr/src/nvidia-{DRIVER}/nvidia-uvm/nvidia-uvm.Kbuild", "# uvm\n")
+    # NVIDIA's open kernel source, as nvidia-kernel-source-580-open installs it: the files the build's completeness
+    # rule looks at (world/tree.tree_problem), with placeholder text of ours (statespace.real_source copies the
+    # real files where a build's preflight must pass)
+    src = f"/usr/src/nvidia-{DRIVER}"
+    write(root, f"{src}/Kbuild", f'# NVIDIA Kbuild (fixture)\nccflags-y += -DNV_VERSION_STRING=\\"{DRIVER}\\"\n')
+    write(root, f"{src}/nvidia/nvidia.Kbuild", "# fixture\nNV_CONFTEST_FUNCTION_COMPILE_TESTS += fixture\n")
+    for rel in ("Makefile", "conftest.sh", "nvidia-uvm/nvidia-uvm.Kbuild", "nvidia-uvm/nvidia-uvm-sources.Kbuild",
+                "nvidia-uvm/uvm.c", "nvidia-uvm/uvm_mmu.c", "nvidia-uvm/uvm_mmu.h"):
+        write(root, f"{src}/{rel}", "/* fixture */\n")
+    (root / src.lstrip("/") / "common/inc").mkdir(parents=True, exist_ok=True)
     if loaded_driver:
         write(root, "/sys/module/nvidia/version", loaded_driver + "\n")
         write(root, "/sys/module/nvidia/srcversion", "0D6E5F4A3B2C1D0E9F8A7B6\n")

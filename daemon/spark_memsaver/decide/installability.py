@@ -128,19 +128,21 @@ def _missing(what: str, detail: str, remedy: str, code: str | None = None) -> di
 
 def _source(snap, config, drv: str) -> tuple[dict | None, dict | None]:
     """(missing entry or None, fetch description or None) for driver ``drv``'s open tree."""
-    local = next((s for s in snap.driver.sources if s.version == drv), None)
+    trees = [s for s in snap.driver.sources if s.version == drv]
+    local = trees[0] if trees else None
     ds = snap.driver_sources if isinstance(snap.driver_sources, dict) else {}
     entry = (ds.get("by_driver") or {}).get(drv) if isinstance(ds.get("by_driver"), dict) else None
     entry = entry if isinstance(entry, dict) else None
-    if local and local.open:
+    if any(s.open and not s.problem for s in trees):     # the build takes the first complete one (world/tree)
         return None, None
     if local:
         pkg = (entry or {}).get("package")
         ver = (entry or {}).get("deb_version")
         remedy = (f"Reinstall it: 'sudo apt-get install --reinstall {pkg}={ver}'." if pkg and ver
                   else source_search_remedy(snap, drv))
-        return _missing("driver-source", f"{local.path} is not an open kernel-module tree (no nvidia-uvm/ "
-                        "or Kbuild)", remedy, code="driver-source-corrupt"), None
+        detail = local.problem if local.open else (f"{local.path} is not an open kernel-module tree (no "
+                                                   "nvidia-uvm/ or Kbuild)")
+        return _missing("driver-source", detail, remedy, code="driver-source-corrupt"), None
     if entry and entry.get("present") and entry.get("path"):
         return None, None
     if entry and entry.get("fetchable"):

@@ -24,9 +24,14 @@ def snapshot(host, config=None):
     from spark_memsaver.decide import mok as dmok
     from spark_memsaver.observe import snapshot as osnap
 
+    from spark_memsaver.world.tree import tree_problem
+
     w = osnap.snapshot(host, config)
     w.secure_boot = dmok.section(w.secure_boot)
     w.driver_sources = _decide_sources(host, w.driver_sources)
+    for s in w.driver.sources:      # the build's one completeness rule, so status and install's plan see it too
+        if s.open:
+            s.problem = tree_problem(host, s.path, s.version)
     return w
 
 
