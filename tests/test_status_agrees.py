@@ -252,3 +252,22 @@ def test_a_damaged_source_tree_is_named_by_status_and_refused_alike_by_install(t
     assert first(text)["Next"] == found["driver-source-corrupt"]["remedy"], (first(text), found)
     rc, out, err = cli("--root", str(root), "install", "--dry-run")
     assert rc != 0 and "error[driver-source-corrupt]" in out + err and "nvidia-uvm/uvm.c" in out + err, (rc, out, err)
+
+
+def test_enrolling_on_a_stock_node_keeps_the_install_step(tmp_path):
+    """Secure Boot enforcing, DKMS's key pair present but not enrolled, nothing of ours installed: Next said 'mok
+    enroll, then reboot ...: our module becomes active by itself at that boot' -- but nothing of ours would be there
+    to become active (the install step was lost). Now it is install's own order: install, then enroll."""
+    root = sparkroot.make_spark_root(tmp_path / "r", secure_boot=True)
+    key, crt = sparkroot.make_signing_key(tmp_path / "keys", "DKMS module signing key")
+    (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/dkms/mok.pub").write_bytes(crt.read_bytes())
+    (root / "var/lib/dkms/mok.key").write_bytes(key.read_bytes())
+    (root / "var/lib/dkms/mok.key").chmod(0o600)
+    _, text, _ = cli("--root", str(root), "status")
+    nxt = first(text)["Next"]
+    assert first(text)["Secure Boot"] == "not-enrolled", first(text)
+    assert nxt.startswith("Run 'sudo spark-memsaver install'") and "mok enroll" in nxt, nxt
+    assert nxt.index("install") < nxt.index("mok enroll") < nxt.index("becomes active"), nxt
+    rc, out, err = cli("--root", str(root), "install", "--dry-run")
+    assert rc == 0 and out.splitlines()[1].split()[0] == "build", (rc, out, err)

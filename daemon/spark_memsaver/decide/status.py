@@ -212,11 +212,13 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
         f.append(other)
     if sb_state != "unknown" and not mok_decide.state_loadable(sb_state) and sb_state:
         why = f" ({sb['reason']})" if sb.get("reason") else ""
+        remedy = sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the console on next boot."
+        if sb_state == "not-enrolled" and decision is not None and decision["can_install"] and not (
+                running and ours.is_ours(running.uvm_selected)):
+            remedy = install_advice(decision)[1]    # nothing of ours yet: install, then enroll (its own order)
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
-                         "a module we sign will not load until the key is enrolled.",
-                         needs_first(decision, sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm "
-                                     "the key at the console on next boot.")))
+                         "a module we sign will not load until the key is enrolled.", needs_first(decision, remedy)))
 
     # 4b. The kernel refused our module at the last load (the guard loaded stock) or does not trust our key.
     f.extend(secure_boot_findings(snap, sb, sb_state))
