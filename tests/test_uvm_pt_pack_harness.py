@@ -168,7 +168,7 @@ def test_tsan_stress_catches_missing_pool_lock():
 
 
 def test_libfuzzer_short_run(tmp_path):
-    needs.require("clang", remedy="apt-get install clang libclang-rt-14-dev; tools/deps/harness.txt")
+    needs.require("clang", remedy="apt-get install clang libclang-rt-dev; tools/deps/harness.txt")
     _make("build/fuzz-16/pt_fuzz")
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -37,7 +37,7 @@ if [ "$HAVE_CLANG" = 1 ]; then
 		total=$((total + n))
 	done
 else
-	echo "libfuzzer skipped: clang not installed (apt-get install clang libclang-rt-14-dev)"
+	echo "libfuzzer skipped: clang not installed (apt-get install clang libclang-rt-dev)"
 fi
 echo "total operations: $total"
 [ "$total" -ge 10000000 ] || { echo "fewer than 10^7 operations" >&2; exit 1; }
