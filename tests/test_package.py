@@ -172,10 +172,11 @@ def test_maintainer_scripts(deb, tmp_path):
     assert "deb-systemd-invoke" in post and "spark-memsaverd.service" in post  # dh_installsystemd ran
     assert "systemd-tmpfiles" in post                                         # dh_installtmpfiles ran
     assert "py3compile -p spark-memsaver" in post                             # dh_python3 ran
-    # postrm purge never touches shared signing keys (it reads only our drop-in's mok_* lines)
+    # postrm purge never touches shared signing keys (it reads only our drop-in's mok_* lines); it names mokutil
+    # in its note on an enrolled fleet certificate, never runs it
     postrm = (tmp_path / "c/postrm").read_text()
     assert "mok" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "") \
-        .replace("mok_signing_key", "").replace("mok_certificate", "")
+        .replace("mok_signing_key", "").replace("mok_certificate", "").replace("sudo mokutil --", "")
     assert "shim-signed" not in postrm.replace("# (/var/lib/dkms/mok.*, /var/lib/shim-signed)", "")
 
 
@@ -448,6 +449,11 @@ def test_purge_with_a_fleet_key_leaves_other_modules_signed(deb):
         r = c.run(["apt-get", "purge", "-y", "spark-memsaver"], check=False, timeout=600)
         assert r.returncode == 0, f"apt purge failed:\n{_tail(r.stdout)}\n{_tail(r.stderr)}"
         assert not c.exists("/etc/spark-memsaver") and not c.exists(DROPIN), c.sh(f"ls -l {DROPIN}", check=False)
+        # the purge says that the deleted fleet certificate stays enrolled, and how to revoke it
+        note = [ln for ln in r.stderr.splitlines() if ln.startswith(f"spark-memsaver: deleted {FLEET_CERT} ")]
+        assert len(note) == 1 and "CN = test fleet key" in note[0] and "sudo mokutil --delete" in note[0], \
+            _tail(r.stderr)
+        print(note[0])
 
         for rel, text in HELLO.items():
             c.sh(f"mkdir -p /usr/src/smhello-1.0 && cat > /usr/src/smhello-1.0/{rel}", input=text)
