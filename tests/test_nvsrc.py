@@ -117,3 +117,13 @@ def test_manifest_github_versions_are_the_manifests():
               for v in e.versions or ()}
     assert set(nvsrc.manifest_github_versions()) == listed - set(nvsrc.DEBIAN_VERSIONS)
     assert "580.142" in nvsrc.manifest_github_versions() and "550.163.01" not in nvsrc.manifest_github_versions()
+
+
+def test_headers_abi_of_debian_12_and_13():
+    """linux-headers-amd64's Depends names the kernel ABI the DKMS tests build against: Debian 12 says
+    linux-headers-6.1.0-57-amd64, Debian 13 linux-headers-6.12.117+deb13-amd64 (tools/test on a fresh Debian 13
+    stopped every DKMS test with "cannot tell the kernel ABI": the pattern knew only the first form)."""
+    assert nvsrc.headers_abi_of("linux-headers-6.1.0-57-amd64 (= 6.1.192-3)") == "6.1.0-57"
+    assert nvsrc.headers_abi_of("linux-headers-6.12.117+deb13-amd64 (= 6.12.117-1)") == "6.12.117+deb13"
+    assert nvsrc.headers_abi_of("linux-headers-6.12.117+deb13-cloud-amd64 (= 6.12.117-1)") is None
+    assert nvsrc.headers_abi_of("") is None

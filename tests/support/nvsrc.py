@@ -259,14 +259,21 @@ def _ensure_packages(pkgs: list[str]) -> None:
             _run(["apt-get", "install", "-y", "-q", *missing], timeout=1800)
 
 
+def headers_abi_of(depends: str) -> str | None:
+    """The kernel ABI linux-headers-amd64's Depends names: '6.1.0-57' (Debian 12: linux-headers-6.1.0-57-amd64),
+    '6.12.117+deb13' (Debian 13: linux-headers-6.12.117+deb13-amd64); None when it names none."""
+    m = re.search(r"linux-headers-(\d+\.\d+\.\d+(?:-\d+|\+deb\d+))-amd64\b", depends)
+    return m.group(1) if m else None
+
+
 def _headers_abi() -> str:
-    """'6.1.0-57' from linux-headers-amd64's dependency."""
+    """The kernel ABI of the installed linux-headers-amd64 (:func:`headers_abi_of`)."""
     out = subprocess.run(["dpkg-query", "-W", "-f=${Depends}", "linux-headers-amd64"],
                          capture_output=True, text=True).stdout
-    m = re.search(r"linux-headers-(\d+\.\d+\.\d+-\d+)-amd64", out)
-    if not m:
-        raise SourceUnavailable("cannot tell the kernel ABI from linux-headers-amd64")
-    return m.group(1)
+    abi = headers_abi_of(out)
+    if abi is None:
+        raise SourceUnavailable(f"cannot tell the kernel ABI from linux-headers-amd64 (Depends: {out.strip()!r})")
+    return abi
 
 
 def x86_headers() -> tuple[str, Path]:
