@@ -97,10 +97,13 @@ def test_readme_two_commands_in_order_on_a_fresh_machine(suite, tmp_path):
         assert re.search(r"(?m)^install nvidia_uvm ", rule), rule
 
         t = time.monotonic()
-        r = c.run(["tools/test", "tests/test_dkms.py", "-v", "-rs", "-p", "no:cacheprovider"], check=False,
+        r = c.run(["tools/test", "tests/test_dkms.py", "-v", "-rfEs", "-p", "no:cacheprovider"], check=False,
                   timeout=5400, cwd="/root/spark-memsaver")
         times["tools/test tests/test_dkms.py"] = time.monotonic() - t
+        (tmp_path / "tools-test.log").write_text(r.stdout + r.stderr)
         summary = _tail(r.stdout, 1)
+        print("\n".join(ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR ", "SKIPPED "))))
+        print(f"whole output: {tmp_path / 'tools-test.log'}")
         print(f"{suite}: tools/test tests/test_dkms.py rc={r.returncode} in "
               f"{times['tools/test tests/test_dkms.py']:.0f} s: {summary}")
         assert r.returncode == 0, f"tools/test failed (rc={r.returncode}):\n{_tail(r.stdout, 80)}\n{_tail(r.stderr)}"
