@@ -73,6 +73,13 @@ def ours_path(kernel) -> str:
     return there[0]
 
 
+def archived_stock(kernel) -> list[Path]:
+    """The stock nvidia-uvm DKMS >= 3.1 moved into its original_module archive on install (3.1.7+ adds a .origin
+    record beside it)."""
+    return [p for p in Path(f"/var/lib/dkms/{odkms.PACKAGE}/original_module/{kernel}").rglob("nvidia-uvm.ko*")
+            if re.search(r"\.ko(\.xz|\.zst|\.gz)?$", p.name)]
+
+
 def selected_path(kernel, name="nvidia-uvm"):
     p = sh("modinfo", "-k", kernel, "-n", name)
     return p.stdout.strip() if p.returncode == 0 else None
@@ -516,8 +523,13 @@ def test_install_selects_the_verified_override(host_env, installed, modconf):
     deps = [d.split() for d in show_depends(kernel, "nvidia_uvm", modconf) if d.strip()]   # insmod PATH [options]
     nv = [i for i, d in enumerate(deps) if d[:2] == ["insmod", stock["nvidia"]]]
     assert nv and nv[0] < len(deps) - 1 and deps[-1][:2] == ["insmod", want], deps
-    # the stock file is untouched where the driver package put it
-    assert dkms_run.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
+    # the stock file is untouched where the driver package put it (DKMS 3.0.x), or byte for byte in DKMS's
+    # original_module archive (DKMS >= 3.1 moves it there on install: Debian 13's system DKMS)
+    if dkms_run.dkms_version(host).startswith("3.0."):
+        assert dkms_run.sha256(stock["nvidia_uvm"]) == stock["nvidia_uvm_sha256"]
+    else:
+        archived = archived_stock(kernel)
+        assert archived and dkms_run.sha256(archived[0]) == stock["nvidia_uvm_sha256"]
     assert r["stock"]["stock_path"] == stock["nvidia_uvm"]
 
 
@@ -544,8 +556,7 @@ def test_dkms_3_2_install_moves_stock_into_original_module(host_env, installed, 
     assert r["build"] == "already-built"
     assert selected_path(kernel) == ours_path(kernel)
     assert not Path(stock["nvidia_uvm"]).exists(), "DKMS 3.2 should have moved the stock file away"
-    archived = [p for p in Path(f"/var/lib/dkms/{odkms.PACKAGE}/original_module/{kernel}").rglob("nvidia-uvm.ko*")
-                if re.search(r"\.ko(\.xz|\.zst|\.gz)?$", p.name)]  # 3.1.7+ adds a .origin record beside it
+    archived = archived_stock(kernel)
     assert archived and dkms_run.sha256(archived[0]) == stock["nvidia_uvm_sha256"]
     assert override.verify_installed(host, kernel)["ok"]
 
