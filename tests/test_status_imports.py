@@ -44,6 +44,8 @@ OURS = {
     "spark_memsaver.opnames",       # the one table of operations: remedy.py's root commands (issue 34)
     "spark_memsaver.world.tree",    # the one source tree: qualification hashes the tree the build compiles
     "spark_memsaver.observe.programs", "spark_memsaver.decide.wayback",   # the way back's programs, by name (35)
+    "spark_memsaver.digest",        # CPython's sha256 (not hashlib's libcrypto): the fixture's tree is complete now,
+                                    # so qualification hashes its hooked files, as on every node with the driver's tree
 }
 # everything else, by top-level name (what a bare interpreter already has is not counted). Not here, on purpose:
 # click (the lean entry), logging, subprocess, signal (nothing is logged or run on a warm root), yaml (the
