@@ -151,9 +151,16 @@ def v_preempt_rt(tmp):
 
 def v_key_not_enrolled(tmp):
     root = _spark(tmp, secure_boot=True)
-    _, crt = sparkroot.make_signing_key(tmp / "keys", "spark-memsaver test key")
+    key, crt = sparkroot.make_signing_key(tmp / "keys", "spark-memsaver test key")
     (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
     shutil.copy2(crt, root / "var/lib/dkms/mok.pub")          # DKMS's default certificate, in no MOK list
+    shutil.copy2(key, root / "var/lib/dkms/mok.key")          # and its key: DKMS keeps the pair
+    return root, None
+
+
+def v_key_incomplete(tmp):
+    root, _ = v_key_not_enrolled(tmp)
+    (root / "var/lib/dkms/mok.key").unlink()                  # the certificate alone: nothing would sign
     return root, None
 
 
@@ -171,6 +178,7 @@ VARIANTS = {
     "headers-missing": (v_headers_missing, False, False, ["headers-missing"], []),
     "preempt-rt": (v_preempt_rt, False, False, ["kernel-outside-policy"], []),
     "key-not-enrolled": (v_key_not_enrolled, True, False, [], ["mok-not-enrolled"]),
+    "key-incomplete": (v_key_incomplete, False, False, ["signing-key-incomplete"], ["mok-not-enrolled"]),
 }
 
 

@@ -62,6 +62,9 @@ def _variants() -> dict:
     v("trusted_by_kernel_only", lambda s: s.update(secure_boot={"state": "not-enrolled", "reason": "r", "kernel": {
         "trusted_by_kernel": "yes", "trust_reason": "our certificate's key is in .secondary_trusted_keys"}}))
     v("dkms_missing", lambda s: s["dkms"].update(available=False))
+    v("signing_key_incomplete", lambda s: s.update(secure_boot={**s["secure_boot"], "certificate": {
+        "path": "/var/lib/dkms/mok.pub", "origin": "DKMS default", "present": True, "key_path": "/var/lib/dkms/mok.key",
+        "key_present": False}}))
     # what the way back needs (decide/wayback.py): a program (kmod's, and dkms while DKMS still registers ours), a
     # selection that can be read (without and with an interrupted operation)
     v("depmod_missing", lambda s: s.update(programs_missing=[{"name": "depmod", "package": "kmod"}]))

@@ -70,6 +70,12 @@ def node(base: Path, cert: bytes, variables: dict, *, uvm="stock", ours="580.142
         (vd / f"{name}-{SHIM}").write_bytes(raw)
     (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
     (root / "var/lib/dkms/mok.pub").write_bytes(cert)
+    key = root / "var/lib/dkms/mok.key"      # DKMS keeps the pair: a certificate alone is signing-key-incomplete
+    if pair:
+        key.write_bytes(Path(pair[0]).read_bytes())
+    else:                                     # a certificate whose key the test does not have: status only asks
+        key.write_text("stands in for the private key of a fixture certificate; never read\n")   # whether it exists
+    key.chmod(0o600)
     (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
     (root / "proc/sys/kernel/random/boot_id").write_text("6b1f0c8e-3a2d-4c5b-9e8f-7a6b5c4d3e2f\n")
     for rel, content in (files or {}).items():

@@ -271,3 +271,25 @@ def test_enrolling_on_a_stock_node_keeps_the_install_step(tmp_path):
     assert nxt.index("install") < nxt.index("mok enroll") < nxt.index("becomes active"), nxt
     rc, out, err = cli("--root", str(root), "install", "--dry-run")
     assert rc == 0 and out.splitlines()[1].split()[0] == "build", (rc, out, err)
+
+
+def test_a_certificate_without_its_key_is_named_by_status_and_refused_alike_by_install(tmp_path):
+    """DKMS's certificate there, its private key gone: status said Next 'install' (Secure Boot off) or 'mok enroll'
+    (on), install's dry run planned a build, and the real install refused signing-key-incomplete. Now the key is
+    observed beside the certificate (never read), and status, the dry run and the refusal name the same pair."""
+    for sb in (False, True):
+        root = sparkroot.make_spark_root(tmp_path / f"r{sb}", secure_boot=sb)
+        key, crt = sparkroot.make_signing_key(tmp_path / f"keys{sb}", "DKMS module signing key")
+        (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
+        (root / "var/lib/dkms/mok.pub").write_bytes(crt.read_bytes())
+        _, text, _ = cli("--root", str(root), "status", "--json")
+        found = {f["code"]: f for f in json.loads(text)["findings"]}
+        assert "mok.key does not" in found["signing-key-incomplete"]["message"], (sb, sorted(found))
+        _, text, _ = cli("--root", str(root), "status")
+        assert first(text)["Next"].startswith("Restore the missing file of the pair"), (sb, first(text))
+        assert "becomes active" not in first(text)["Next"], (sb, first(text))
+        rc, out, err = cli("--root", str(root), "install", "--dry-run")
+        assert rc != 0 and "error[signing-key-incomplete]" in out + err, (sb, rc, out, err)
+        (root / "var/lib/dkms/mok.key").write_bytes(key.read_bytes())       # the pair whole again
+        _, text, _ = cli("--root", str(root), "status", "--json")
+        assert "signing-key-incomplete" not in [f["code"] for f in json.loads(text)["findings"]], sb

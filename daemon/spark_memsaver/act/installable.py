@@ -33,12 +33,12 @@ def observe(host: Host, config: Config) -> tuple[dict, dict]:
 
 
 def _classes() -> dict:
-    from spark_memsaver.act import dkms_errors as de
+    from spark_memsaver.act import dkms_errors as de, signing
     return {"unknown-kernel": errors.UnknownKernel, "nvidia-ko-missing": de.NoNvidiaDriver,
             "kernel-outside-policy": de.KernelOutsidePolicy, "driver-unsupported": errors.DriverUnsupported,
             "driver-source-missing": de.DriverSourceMissing, "driver-source-corrupt": de.DriverSourceCorrupt,
             "headers-missing": de.HeadersMissing, "secure-boot-unknown": errors.SecureBootUnknown,
-            "dkms-missing": de.DkmsMissing}
+            "dkms-missing": de.DkmsMissing, "signing-key-incomplete": signing.SigningKeyIncomplete}
 
 
 def refusal(decision: dict) -> errors.MemsaverError:

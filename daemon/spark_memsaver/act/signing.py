@@ -34,6 +34,7 @@ import stat
 import time
 
 from spark_memsaver.errors import MemsaverError
+from spark_memsaver.decide.installability import SIGNING_PAIR_REMEDY
 from spark_memsaver.host import Host, paths, records
 
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
@@ -61,8 +62,7 @@ class SigningError(MemsaverError):
 
 class SigningKeyIncomplete(SigningError):
     code = "signing-key-incomplete"
-    remedy = ("Restore the missing file of the pair from a backup (if the certificate is enrolled), or remove "
-              "both files to let spark-memsaver create a new key (which then needs enrolling).")
+    remedy = SIGNING_PAIR_REMEDY       # decide/installability: status names the same pair the same way
 
 
 class SigningConfigConflict(SigningError):

@@ -48,6 +48,7 @@ CODES: dict[str, tuple[tuple[str, ...], str]] = {
     "driver-source-missing": (_W, "no open source tree of exactly the driver's version, and none to fetch"),
     "driver-source-corrupt": (_W, "the driver's source tree does not check out"),
     "dkms-missing": (_W, "dkms is not installed"),
+    "signing-key-incomplete": (_W, "the signing certificate is there, its private key is not: nothing would sign"),
     "driver-source-fetchable": (_I, "the driver's source is not here; installing fetches it through APT"),
     "ours-loaded-stock-selected": (_I, "ours is still loaded, the stock module is selected (reload or reboot)"),
     "counters-unreadable": (_W, "ours is loaded but its counters cannot be read"),

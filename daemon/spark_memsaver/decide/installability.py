@@ -38,7 +38,10 @@ from __future__ import annotations
 
 CODES = {"kernel": "unknown-kernel", "driver": "nvidia-ko-missing", "kernel-policy": "kernel-outside-policy",
          "manifest": "driver-unsupported", "driver-source": "driver-source-missing", "headers": "headers-missing",
-         "secure-boot": "secure-boot-unknown", "dkms": "dkms-missing"}
+         "secure-boot": "secure-boot-unknown", "dkms": "dkms-missing", "signing-key": "signing-key-incomplete"}
+#: a certificate without its private key (or the reverse): the remedy of status's finding and of the build's refusal
+SIGNING_PAIR_REMEDY = ("Restore the missing file of the pair from a backup (if the certificate is enrolled), or remove "
+                       "both files to let spark-memsaver create a new key (which then needs enrolling).")
 
 # "Secure Boot is enforcing and <phrase>": the signing key's MOK state (decide/mok.py) as a sentence
 KEY_PHRASES = {"no-key": "there is no signing key", "not-enrolled": "the signing key is not enrolled",
@@ -224,6 +227,10 @@ def installability(snap, config, support: dict | None, kernel_release: str) -> d
     if not snap.dkms.available:   # the build needs it: install says dkms-missing
         miss.append(_missing("dkms", "dkms is not installed, so nothing can be built", "sudo apt-get install dkms"))
     sb = snap.secure_boot if isinstance(snap.secure_boot, dict) else {}
+    cert = sb.get("certificate") if isinstance(sb.get("certificate"), dict) else {}
+    if cert.get("present") and cert.get("key_present") is False:   # what act/signing refuses: neither would sign
+        miss.append(_missing("signing-key", f"the signing certificate {cert.get('path')} exists but its private key "
+                             f"{cert.get('key_path')} does not: DKMS would sign with neither", SIGNING_PAIR_REMEDY))
     state = sb.get("state") or "unknown"
     if state == "unknown":
         miss.append(_missing("secure-boot", "Secure Boot / MOK state is unknown: "

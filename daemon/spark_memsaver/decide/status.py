@@ -213,9 +213,12 @@ def evaluate(snap, config: Config, support: dict | None = None) -> Verdict:
     if sb_state != "unknown" and not mok_decide.state_loadable(sb_state) and sb_state:
         why = f" ({sb['reason']})" if sb.get("reason") else ""
         remedy = sb.get("remedy") or "Run 'sudo spark-memsaver mok enroll' and confirm the key at the console on next boot."
-        if sb_state == "not-enrolled" and decision is not None and decision["can_install"] and not (
-                running and ours.is_ours(running.uvm_selected)):
-            remedy = install_advice(decision)[1]    # nothing of ours yet: install, then enroll (its own order)
+        if sb_state == "not-enrolled" and decision is not None and not (running and ours.is_ours(running.uvm_selected)):
+            pair = [m["remedy"] for m in decision["missing"] if m["code"] == "signing-key-incomplete"]
+            if decision["can_install"]:           # nothing of ours yet: install's own order (install, then enroll)
+                remedy = install_advice(decision)[1]
+            elif pair:                            # the key to sign with first: enrolling a certificate alone signs nothing
+                remedy = f"{pair[0]} Then 'spark-memsaver status' names the next step (install, then enrolling the key)."
         f.append(Finding(f"mok-{sb_state}", "warning",
                          f"Secure Boot is enforcing and {inst_mod.key_phrase(sb_state)}{why}: "
                          "a module we sign will not load until the key is enrolled.", needs_first(decision, remedy)))

@@ -126,9 +126,13 @@ class CertInfo(Record):
     error: str | None = None            # unreadable / not a certificate / unresolvable path -> unknown
     cert: ev.Certificate | None = None
     encoding: str | None = None
+    key_path: str | None = None         # the private key DKMS signs with beside it (None: not known, e.g. --cert)
+    key_present: bool | None = None     # whether that path exists (never read; a pkcs11: URI counts as present)
 
     def summary(self) -> dict:
         d = {"path": self.path, "origin": self.origin, "present": self.present}
+        if self.key_path is not None:
+            d.update({"key_path": self.key_path, "key_present": self.key_present})
         if self.cert is not None:
             c = self.cert
             d.update({"encoding": self.encoding, "sha256": c.sha256, "sha1": c.sha1, "subject": c.subject_text,

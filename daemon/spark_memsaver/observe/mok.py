@@ -17,11 +17,14 @@ import stat
 from spark_memsaver.efi.mokvars import (EFI_DIR, EFIVARS_DIR, LISTS, MOKVAR_DIR, MOKVAR_NAMES, PRESENCE, SCALARS,
                                         CertInfo, MokReading, RawEfi, parse_efi)
 from spark_memsaver.errors import MemsaverError, MokError
+from spark_memsaver import record
 from spark_memsaver.host import paths
 from spark_memsaver import efi as ev
 
 UBUNTU_DEFAULT_CERT = "/var/lib/shim-signed/mok/MOK.der"
 DKMS_DEFAULT_CERT = "/var/lib/dkms/mok.pub"
+UBUNTU_DEFAULT_KEY = "/var/lib/shim-signed/mok/MOK.priv"
+DKMS_DEFAULT_KEY = "/var/lib/dkms/mok.key"
 FRAMEWORK_CONF = "/etc/dkms/framework.conf"
 FRAMEWORK_CONF_D = "/etc/dkms/framework.conf.d"
 REQUEST_RECORD = paths.MOK_REQUEST   # what we asked mokutil for, and in which boot
@@ -186,6 +189,26 @@ def _distro_id(host) -> str:
 
 
 def locate_certificate(host, cert: str | None = None, config=None) -> CertInfo:
+    ci = _locate_certificate(host, cert, config)
+    if ci.present and ci.key_path is not None:      # DKMS signs with the pair: a certificate alone cannot sign
+        k = ci.key_path
+        present = k.startswith("pkcs11:") or (k.startswith("/") and os.path.lexists(host.path(k, follow=False)))
+        ci = record.replace(ci, key_present=present)
+    return ci
+
+
+def _key_beside(host, origin: str, config, conf: dict) -> str | None:
+    """The private key DKMS signs with beside the certificate ``origin`` names (None for --cert: not known)."""
+    if origin == "--cert":
+        return None
+    if origin == "config signing_cert":
+        return getattr(config, "signing_key", None) or None
+    default = UBUNTU_DEFAULT_KEY if _distro_id(host).startswith("ubuntu") else DKMS_DEFAULT_KEY
+    return conf.get("mok_signing_key") or default
+
+
+def _locate_certificate(host, cert: str | None = None, config=None) -> CertInfo:
+    conf: dict = {}
     if cert:
         path, origin = cert, "--cert"
     elif config is not None and getattr(config, "signing_cert", None):
@@ -198,6 +221,7 @@ def locate_certificate(host, cert: str | None = None, config=None) -> CertInfo:
             path, origin = UBUNTU_DEFAULT_CERT, "Ubuntu DKMS default"
         else:
             path, origin = DKMS_DEFAULT_CERT, "DKMS default"
+    key = _key_beside(host, origin, config, conf)
     if "$" in path:
         rel = (host.read_text("/proc/sys/kernel/osrelease") or "").strip() or os.uname().release
         path = path.replace("${kernelver}", rel).replace("$kernelver", rel)
@@ -218,7 +242,7 @@ def locate_certificate(host, cert: str | None = None, config=None) -> CertInfo:
         c, enc = ev.load_certificate(data, path)
     except ev.EfiFormatError as e:
         return CertInfo(path, origin, present=True, error=e.reason)
-    return CertInfo(path, origin, present=True, cert=c, encoding=enc)
+    return CertInfo(path, origin, present=True, cert=c, encoding=enc, key_path=key)
 
 
 # --- kernel side (I/O + small parsers) ------------------------------------------------------------------
