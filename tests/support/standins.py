@@ -198,15 +198,18 @@ def modprobe_reload(root: Path, kernel: str, tier: str = "leaf") -> dict:
     """`modprobe -r nvidia_uvm; modprobe nvidia_uvm` on the node ``root`` stands for, through the guard's rule
     (systemd/guard/uvm-guard): the file depmod selects for ``kernel`` when it is stock, or ours for the loaded
     nvidia's driver that the kernel accepts (Secure Boot: a trusted key); else the stock file beside nvidia.ko
-    for that driver; else nothing. Returns the loaded file's modinfo (empty: nothing loaded)."""
+    for that driver; else nothing. nvidia not loaded: modprobe loads the nvidia.ko depmod selects first. Returns the loaded file's modinfo (empty: nothing loaded)."""
     from tests.support import sparkroot
     sysm = root / "sys/module/nvidia_uvm"
     for p in sorted(sysm.rglob("*"), reverse=True) if sysm.is_dir() else ():
         p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
     if sysm.is_dir():
         sysm.rmdir()
-    if not (root / "sys/module/nvidia").is_dir():
-        return {}
+    if not (root / "sys/module/nvidia").is_dir():    # modprobe loads nvidia first, the one depmod selects for it;
+        nv = _modinfo(root, ["-k", kernel, "nvidia"])  # the guard judges ours against that file's driver
+        if not nv.get("version"):
+            return {}
+        sparkroot.write(root, "/sys/module/nvidia/version", nv["version"].split()[0] + "\n")
     nvidia = (root / "sys/module/nvidia/version").read_text().split()[0]
     info = _modinfo(root, ["-k", kernel, "nvidia-uvm"])
     patched = info.get("spark_memsaver") or any(p.startswith("uvm_pt_pack") for p in info.get("parm", []))
