@@ -293,3 +293,23 @@ def test_a_certificate_without_its_key_is_named_by_status_and_refused_alike_by_i
         (root / "var/lib/dkms/mok.key").write_bytes(key.read_bytes())       # the pair whole again
         _, text, _ = cli("--root", str(root), "status", "--json")
         assert "signing-key-incomplete" not in [f["code"] for f in json.loads(text)["findings"]], sb
+
+
+def test_a_key_path_dkms_resolves_itself_is_not_called_missing(tmp_path):
+    """A mok_signing_key with a shell variable (DKMS expands it, status cannot) is 'not known', never 'missing':
+    no signing-key-incomplete on a guess; a plain path is probed as act/signing.plan probes it (host.exists)."""
+    from spark_memsaver.host import Host
+    from spark_memsaver.observe import mok
+    root = sparkroot.make_spark_root(tmp_path / "r")
+    _, crt = sparkroot.make_signing_key(tmp_path / "keys", "DKMS module signing key")
+    (root / "var/lib/dkms").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/dkms/mok.pub").write_bytes(crt.read_bytes())
+    conf = root / "etc/dkms/framework.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text('mok_signing_key="/var/lib/dkms/${kernelver}.key"\nmok_certificate=/var/lib/dkms/mok.pub\n')
+    ci = mok.locate_certificate(Host(root))
+    assert ci.present and ci.key_path == "/var/lib/dkms/${kernelver}.key" and ci.key_present is None, ci
+    _, text, _ = cli("--root", str(root), "status", "--json")
+    assert "signing-key-incomplete" not in [f["code"] for f in json.loads(text)["findings"]]
+    conf.write_text('mok_signing_key=/var/lib/dkms/other.key\nmok_certificate=/var/lib/dkms/mok.pub\n')
+    assert mok.locate_certificate(Host(root)).key_present is False

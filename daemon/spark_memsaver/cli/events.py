@@ -29,11 +29,13 @@ def register(cli) -> None:
         from spark_memsaver.host import events as ev
 
         t0 = parse_since(since) if since else None
-        rows, skipped = ev.read_counted(obj.host, since=t0)
+        # --boot numbers boots over the whole log (host/boots.py), whatever --since shows: the log is read once
+        rows, skipped = ev.read_counted(obj.host, since=t0 if boot is None else None)
         if skipped:
             click.echo(f"note: {skipped} unreadable lines skipped in {obj.host.path(ev.EVENTS)}", err=True)
         if boot is not None:
             rows, which = _of_boot(obj.host, rows, boot)
+            rows = [e for e in rows if t0 is None or (ev.epoch(e["time"]) or 0) >= t0]
             if not as_json:
                 click.echo(which)
         if as_json:
@@ -51,10 +53,10 @@ def register(cli) -> None:
 
 
 def _of_boot(host, rows: list[dict], boot: int) -> tuple[list[dict], str]:
-    """The events written in boot ``boot`` (host/boots.py numbers boots), and a line saying which boot that is.
-    Events of a version that did not record boots belong to none: the line counts them."""
-    from spark_memsaver.host import boots, events
-    bid = boots.resolve(host, boot, events.read(host))   # numbered by the whole log, whatever --since shows
+    """The events of ``rows`` (the whole log) written in boot ``boot`` (host/boots.py numbers boots), and a line
+    saying which boot that is. Events of a version that did not record boots belong to none: the line counts them."""
+    from spark_memsaver.host import boots
+    bid = boots.resolve(host, boot, rows)
     mine = [e for e in rows if bid is not None and e.get("boot") == bid]
     unknown = sum(1 for e in rows if "boot" not in e)
     which = (f"boot {boot} ({bid})" if bid else f"boot {boot}: no record of it") + \

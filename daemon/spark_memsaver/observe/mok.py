@@ -191,8 +191,9 @@ def _distro_id(host) -> str:
 def locate_certificate(host, cert: str | None = None, config=None) -> CertInfo:
     ci = _locate_certificate(host, cert, config)
     if ci.present and ci.key_path is not None:      # DKMS signs with the pair: a certificate alone cannot sign
-        k = ci.key_path
-        present = k.startswith("pkcs11:") or (k.startswith("/") and os.path.lexists(host.path(k, follow=False)))
+        k = ci.key_path                             # the probe act/signing.plan makes (host.exists); a path DKMS
+        present = True if k.startswith("pkcs11:") else \
+            None if "$" in k or not k.startswith("/") else host.exists(k)   # resolves itself: not known here
         ci = record.replace(ci, key_present=present)
     return ci
 
